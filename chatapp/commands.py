@@ -1,0 +1,70 @@
+"""Parsing `/commands`, with one-line errors for anything unknown or malformed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from model.errors import UserError
+
+COMMANDS = {
+    "/reset": "start a new chat: empty the cache and the transcript",
+    "/retry": "rewind to before the last reply and generate it again",
+    "/undo": "remove the last exchange",
+    "/system": "/system TEXT: set the system prompt (starts a new chat)",
+    "/set": "/set temperature=0.7 top_k=50 top_p=0.9 seed=1 max_new_tokens=256",
+    "/stats": "show the cache and the last turn's figures",
+    "/help": "list commands and keys",
+    "/quit": "leave",
+}
+
+# name -> (type, check, description of valid values)
+SETTINGS = {
+    "temperature": (float, lambda v: 0 <= v <= 5, "a number from 0 to 5"),
+    "top_k": (int, lambda v: v >= 0, "an integer >= 0 (0 = off)"),
+    "top_p": (float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "seed": (int, lambda v: v >= 0, "an integer >= 0"),
+    "max_new_tokens": (int, lambda v: v >= 1, "an integer >= 1"),
+}
+
+
+@dataclass
+class Command:
+    name: str
+    arg: str = ""
+
+
+def parse_command(line: str) -> Command:
+    name, _, arg = line.strip().partition(" ")
+    name = name.lower()
+    if name not in COMMANDS:
+        raise UserError(f"unknown command {name}; try /help")
+    arg = arg.strip()
+    if name == "/system" and not arg:
+        raise UserError("/system needs the new system prompt: /system TEXT")
+    if name in ("/reset", "/retry", "/undo", "/stats", "/help", "/quit") and arg:
+        raise UserError(f"{name} takes no argument")
+    return Command(name, arg)
+
+
+def parse_settings(arg: str) -> dict:
+    """`temperature=0.7 top_k=50` -> {"temperature": 0.7, "top_k": 50}, or a UserError."""
+    if not arg:
+        raise UserError("usage: " + COMMANDS["/set"])
+    out = {}
+    for pair in arg.split():
+        key, eq, raw = pair.partition("=")
+        if key not in SETTINGS:
+            raise UserError(f"unknown setting {key!r}; settings: {', '.join(SETTINGS)}")
+        typ, ok, valid = SETTINGS[key]
+        try:
+            value = typ(raw) if eq else None
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise UserError(f"{key} must be {valid}, got {raw!r}")
+        out[key] = value
+    return out
+
+
+def help_text() -> str:
+    return "\n".join(f"{name:8} {desc}" for name, desc in COMMANDS.items())

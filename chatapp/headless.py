@@ -1,0 +1,68 @@
+"""Headless mode: stdin lines (or JSON objects) in, one JSON object per line out.
+
+stdout carries only JSON events; logs go to stderr. Bad input becomes an error event and
+the loop goes on with the next line, so a script never loses its conversation.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from typing import BinaryIO, TextIO
+
+from chatapp.events import Error, Event, Quit, TextDelta, to_json
+from chatapp.session import Session
+
+
+def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[tuple[str, str] | Error]:
+    """Yield ("user", text) / ("command", text) pairs, or an Error for a bad line."""
+    for n, raw in enumerate(stream, 1):
+        try:
+            line = raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as e:
+            yield Error(f"line {n}: not valid UTF-8 ({e.reason} at byte {e.start}); line skipped")
+            continue
+        if not line.strip():
+            continue
+        if not jsonl:
+            yield ("command", line.strip()) if line.startswith("/") else ("user", line)
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            yield Error(f"line {n}: not valid JSON ({e.msg})")
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("user"), str):
+            yield ("user", obj["user"])
+        elif isinstance(obj, dict) and isinstance(obj.get("command"), str):
+            yield ("command", obj["command"])
+        else:
+            yield Error(f'line {n}: expected {{"user": "..."}} or {{"command": "/..."}}')
+
+
+def emit(ev: Event, out: TextIO) -> None:
+    out.write(json.dumps(to_json(ev), ensure_ascii=False) + "\n")
+    out.flush()
+
+
+def run_headless(session: Session, stream: BinaryIO, jsonl: bool = False, out: TextIO = sys.stdout) -> int:
+    emit_ready(session, out)
+    for item in read_inputs(stream, jsonl):
+        if isinstance(item, Error):
+            emit(item, out)
+            continue
+        kind, text = item
+        events = session.run_command(text) if kind == "command" else session.send(text)
+        for ev in events:
+            if isinstance(ev, TextDelta):
+                continue  # the turn event carries the whole reply
+            if isinstance(ev, Quit):
+                return 0
+            emit(ev, out)
+    return 0
+
+
+def emit_ready(session: Session, out: TextIO) -> None:
+    out.write(json.dumps({"event": "ready", **session.stats()}) + "\n")
+    out.flush()

@@ -1,0 +1,249 @@
+"""One conversation over one persistent KV cache. The cache invariant lives here.
+
+INVARIANT (docs/cache-invariant.md): the cache holds exactly the K/V of
+`tokens[:cache.pos]`; `tokens[cache.pos:]` are pending and get prefilled at the start of
+the next generation. `tokens` always equals the chat template rendered over the
+transcript, piece by piece. Every method below leaves that true when it returns or yields.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from chatapp.commands import parse_command, parse_settings
+from chatapp.events import CacheState, Error, Event, Info, Quit, TextDelta, ToolCall, Trimmed, TurnStats
+from chatapp.tools import ToolRunner
+from model.errors import UserError
+from model.generate import Generator, SamplingConfig
+from model.loading import LoadedModel
+
+
+@dataclass
+class Settings:
+    temperature: float = 0.2
+    top_k: int = 0
+    top_p: float = 0.9
+    seed: int | None = None
+    max_new_tokens: int = 256
+    system: str | None = None        # None: the model's default system prompt
+
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(self.temperature, self.top_k, self.top_p, self.seed)
+
+
+@dataclass
+class Exchange:
+    """A user message and its reply, as spans of the token list."""
+
+    user: str
+    start: int              # first token of the user turn
+    reply_start: int        # first token of the reply (after the assistant header)
+    end: int = -1           # after the reply's closing tokens
+    reply: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+class Session:
+    def __init__(self, lm: LoadedModel, settings: Settings | None = None, context: int | None = None):
+        self.lm, self.tok, self.template = lm, lm.tokenizer, lm.template
+        self.settings = settings or Settings()
+        self.cache = lm.model.new_cache(min(context or lm.context_length, lm.context_length))
+        self.gen = Generator(lm.model, self.cache, self.tok.vocab_size)
+        self.cancel_flag = threading.Event()
+        self.history: list[TurnStats] = []
+        self.exchanges: list[Exchange] = []
+        self.tokens: list[int] = []
+        self.turns = 0
+        self.reset()
+
+    # --- state -----------------------------------------------------------------
+    @property
+    def system(self) -> str:
+        s = self.settings.system
+        return self.template.default_system if s is None else s
+
+    @property
+    def prefix_len(self) -> int:
+        return self.exchanges[0].start if self.exchanges else len(self.tokens)
+
+    def reset(self) -> None:
+        self.cache.reset()
+        self.gen.forget()
+        self.tokens = self.template.start(self.system)
+        self.exchanges = []
+
+    def truncate(self, n: int) -> None:
+        """Cut the token list to n tokens, rewinding the cache if it held more."""
+        del self.tokens[n:]
+        if self.cache.pos > n:
+            self.cache.rewind(n)
+            self.gen.forget()
+
+    def state(self, event: str, detail: str = "") -> CacheState:
+        return CacheState(event, self.cache.pos, self.cache.capacity, len(self.tokens), detail)
+
+    def cancel(self) -> None:
+        self.cancel_flag.set()
+
+    # --- the turn ----------------------------------------------------------------
+    def send(self, text: str) -> Iterator[Event]:
+        """A user message: render only its tokens, prefill what is pending, decode."""
+        text = text.strip()
+        if not text:
+            yield Error("empty message")
+            return
+        new = self.template.user_turn(text)
+        room = self.cache.capacity - self.prefix_len - 1
+        if len(new) > room:
+            yield Error(f"message too long: {len(new)} tokens, the context holds {room} after the "
+                        f"system prompt (use --context to raise it)")
+            return
+        yield from self._make_room(len(new))
+        self.exchanges.append(Exchange(text, len(self.tokens), len(self.tokens) + len(new)))
+        self.tokens.extend(new)
+        yield from self._reply()
+
+    def _reply(self) -> Iterator[Event]:
+        ex = self.exchanges[-1]
+        self.cancel_flag.clear()
+        self.gen.configure(self.settings.sampling())
+        if self.cache.pos == len(self.tokens):  # nothing pending (a retry): re-feed one token for logits
+            self.cache.rewind(self.cache.pos - 1)
+        cached_before = self.cache.pos
+        t0 = time.perf_counter()
+        self.gen.prefill(self.tokens[cached_before:])
+        prefill_tokens = self.cache.pos - cached_before
+        tools = ToolRunner(self.template, self.tok)
+        decoder = self.tok.stream_decoder()
+        closing = len(self.template.end_reply())
+        stop, n, t_first = "length", 0, None
+        while n < self.settings.max_new_tokens:
+            tok = self.gen.sample()
+            if t_first is None:
+                t_first = time.perf_counter()
+            if tok in self.template.stop_ids:
+                stop = "end"
+                break
+            self.tokens.append(tok)
+            n += 1
+            if text := decoder.push(tok):
+                yield TextDelta(text)
+            if self.cancel_flag.is_set():
+                stop = "cancel"
+                break
+            forced = tools.after(tok)
+            if self.cache.free < 1 + len(forced) + closing:
+                break  # the context is full: end the reply here, closed properly
+            self.gen.feed(tok)
+            if tools.new_call:
+                yield tools.new_call
+            if forced:
+                self.tokens.extend(forced)
+                self.gen.prefill(forced)
+                if text := decoder.push_many(forced):
+                    yield TextDelta(text)
+        if tail := decoder.flush():
+            yield TextDelta(tail)
+        t_end = time.perf_counter()
+        ex.reply = self.tok.decode(self.tokens[ex.reply_start:])
+        ex.tool_calls = tools.calls
+        self.tokens.extend(self.template.end_reply())  # pending until the next turn
+        ex.end = len(self.tokens)
+        yield self._stats(ex, prefill_tokens, cached_before, n, t0, t_first or t_end, t_end, stop)
+
+    def _stats(self, ex, prefill_tokens, cached_before, n, t0, t_first, t_end, stop) -> TurnStats:
+        self.turns += 1
+        decode_s = t_end - t_first
+        st = TurnStats(
+            turn=self.turns, user=ex.user, reply=ex.reply, prefill_tokens=prefill_tokens,
+            cached_before=cached_before, cache_seqlens=self.cache.pos, capacity=self.cache.capacity,
+            decode_tokens=n, ttft_ms=(t_first - t0) * 1000,
+            tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0, stop=stop,
+            kv_bytes_used=self.cache.bytes_used, kv_bytes_allocated=self.cache.bytes_allocated,
+            backend=self.lm.model.attn.name, tool_calls=list(ex.tool_calls))
+        self.history.append(st)
+        return st
+
+    def _make_room(self, incoming: int) -> Iterator[Event]:
+        """Drop the oldest whole exchanges until the new turn and a reply fit. The system
+        prompt stays. What is kept moves to new positions, so it is re-prefilled."""
+        want = incoming + min(self.settings.max_new_tokens, 64)
+        if len(self.tokens) + want <= self.cache.capacity or not self.exchanges:
+            return
+        keep_from = 0
+        while (keep_from < len(self.exchanges)
+               and len(self.tokens) - (self.exchanges[keep_from].start - self.prefix_len) + want
+               > self.cache.capacity):
+            keep_from += 1
+        # len(tokens) shrinks by the span of the dropped exchanges
+        dropped = self.exchanges[:keep_from]
+        cut_from, cut_to = self.prefix_len, (self.exchanges[keep_from].start if keep_from < len(self.exchanges)
+                                             else len(self.tokens))
+        removed = cut_to - cut_from
+        del self.tokens[cut_from:cut_to]
+        kept = self.exchanges[keep_from:]
+        for ex in kept:
+            ex.start, ex.reply_start, ex.end = ex.start - removed, ex.reply_start - removed, ex.end - removed
+        self.exchanges = kept
+        self.cache.reset()
+        self.gen.prefill(self.tokens)
+        yield Trimmed(len(dropped), removed, len(self.tokens), self.cache.pos, self.cache.capacity)
+
+    # --- commands ----------------------------------------------------------------
+    def run_command(self, line: str) -> Iterator[Event]:
+        try:
+            cmd = parse_command(line)
+            if cmd.name == "/set":
+                values = parse_settings(cmd.arg)
+        except UserError as e:
+            yield Error(str(e))
+            return
+        if cmd.name == "/reset":
+            self.reset()
+            yield self.state("reset")
+        elif cmd.name == "/retry":
+            if not self.exchanges:
+                yield Error("/retry: nothing to retry yet")
+                return
+            self.truncate(self.exchanges[-1].reply_start)
+            yield self.state("retry")
+            yield from self._reply()
+        elif cmd.name == "/undo":
+            if not self.exchanges:
+                yield Error("/undo: nothing to undo")
+                return
+            self.truncate(self.exchanges.pop().start)
+            yield self.state("undo")
+        elif cmd.name == "/system":
+            self.settings.system = cmd.arg
+            self.reset()
+            yield self.state("system", "system prompt set; new chat started")
+        elif cmd.name == "/set":
+            for k, v in values.items():
+                setattr(self.settings, k, v)
+            yield Info("settings: " + " ".join(f"{k}={v}" for k, v in values.items()), values)
+        elif cmd.name == "/stats":
+            yield Info(self.stats_text(), self.stats())
+        elif cmd.name == "/help":
+            from chatapp.commands import help_text
+            yield Info(help_text())
+        elif cmd.name == "/quit":
+            yield Quit()
+
+    def stats(self) -> dict:
+        c = self.cache
+        d = {"model": self.lm.name, "cache_seqlens": c.pos, "capacity": c.capacity, "tokens": len(self.tokens),
+             "shape": list(c.shape), "dtype": str(c.dtype).removeprefix("torch."), "device": str(c.device),
+             "kv_bytes_used": c.bytes_used, "kv_bytes_allocated": c.bytes_allocated,
+             "backend": self.lm.model.attn.name, "turns": self.turns}
+        if self.history:
+            last = self.history[-1]
+            d |= {"last_prefill_tokens": last.prefill_tokens, "last_ttft_ms": round(last.ttft_ms, 2),
+                  "last_tokens_per_s": round(last.tokens_per_s, 2)}
+        return d
+
+    def stats_text(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.stats().items())

@@ -1,0 +1,41 @@
+"""nanochat's calculator as a state machine over the token stream.
+
+The model writes <|python_start|>expr<|python_end|>; we evaluate expr safely and force
+<|output_start|>result<|output_end|> into the stream. The forced tokens go through the
+model into the cache like any others, so the cache invariant is untouched.
+"""
+
+from __future__ import annotations
+
+from chatapp.events import ToolCall
+from model.templates import ChatTemplate
+from model.tokenizer import Tokenizer
+
+
+class ToolRunner:
+    def __init__(self, template: ChatTemplate, tok: Tokenizer):
+        self.ids = template.tool_tokens
+        self.tok = tok
+        self.expr: list[int] | None = None  # tokens since <|python_start|>, while inside a call
+        self.calls: list[ToolCall] = []
+        self.new_call: ToolCall | None = None
+
+    def after(self, tok: int) -> list[int]:
+        """Called for each generated token; returns the tokens to force next (maybe none)."""
+        self.new_call = None
+        if not self.ids:
+            return []
+        if tok == self.ids["python_start"]:
+            self.expr = []
+        elif tok == self.ids["python_end"] and self.expr is not None:
+            from chatapp.calculator import evaluate
+
+            expr = self.tok.decode(self.expr)
+            self.expr = None
+            self.new_call = ToolCall(expr, evaluate(expr))
+            self.calls.append(self.new_call)
+            if self.new_call.result is not None:
+                return [self.ids["output_start"], *self.tok.encode(self.new_call.result), self.ids["output_end"]]
+        elif self.expr is not None:
+            self.expr.append(tok)
+        return []

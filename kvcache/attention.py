@@ -1,0 +1,73 @@
+"""The one attention entry point, with `flash_attn_with_kvcache` semantics.
+
+`Attention.__call__` appends k/v into the layer's cache at cache_seqlens, then attends
+causally (bottom-right aligned) with GQA, an optional sliding window and softcap. The
+backend is chosen once (auto, or forced with --attn) and any request that backend
+cannot serve goes to SDPA, so a missing kernel feature never means wrong output.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvcache.cache import KVCache
+from kvcache.flash import FlashBackend, load_fa2, load_fa3
+from kvcache.sdpa import sdpa_with_kvcache
+
+BACKENDS = ("auto", "fa3", "fa2", "sdpa")
+
+
+def available_backends() -> list[str]:
+    found = [b.name for b in (load_fa3(), load_fa2()) if b is not None]
+    return found + ["sdpa"]
+
+
+class Attention:
+    """Routes each attention call to the chosen flash backend or to SDPA."""
+
+    def __init__(self, backend: str = "auto"):
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        self.requested = backend
+        self.flash: FlashBackend | None = None
+        if backend in ("auto", "fa3"):
+            self.flash = load_fa3()
+        if self.flash is None and backend in ("auto", "fa2"):
+            self.flash = load_fa2()
+        if backend in ("fa3", "fa2") and self.flash is None:
+            raise RuntimeError(f"attention backend {backend} is not available on this machine "
+                               f"(available: {', '.join(available_backends())})")
+        self.num_splits = 0  # pinned by the CUDA-graph runner so capture and replay agree
+        self.used: set[str] = set()
+
+    @property
+    def name(self) -> str:
+        """The backends that actually ran, e.g. 'fa3' or 'fa3+sdpa' (windowed layers)."""
+        if not self.used:
+            return self.flash.name if self.flash else "sdpa"
+        return "+".join(sorted(self.used, key=("fa3", "fa2", "sdpa").index))
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+                 cache: KVCache, layer_idx: int, causal: bool = True,
+                 window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> torch.Tensor:
+        k_cache, v_cache = cache.get_layer_cache(layer_idx)
+        if self.flash is not None and self.flash.can_serve(q, window_size, softcap):
+            self.used.add(self.flash.name)
+            return self.flash(q, k_cache, v_cache, k, v, cache.cache_seqlens, causal, window_size,
+                              softcap, self.num_splits)
+        self.used.add("sdpa")
+        if cache.batch_size != 1:
+            raise NotImplementedError("the SDPA fallback serves a single-sequence cache (B=1)")
+        return sdpa_with_kvcache(q, k_cache, v_cache, k, v, cache.pos, causal, window_size, softcap)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, causal=True,
+                            window_size=(-1, -1), softcap=0.0) -> torch.Tensor:
+    """Drop-in SDPA equivalent of FA's function for callers without a KVCache (tests, tools).
+
+    Reads cache_seqlens on the host once; the model path uses `Attention` instead, which
+    uses the cache's host mirror and never syncs.
+    """
+    pos = int(cache_seqlens[0]) if cache_seqlens is not None else 0
+    # Like FA, the caller owns cache_seqlens and advances it after the call.
+    return sdpa_with_kvcache(q, k_cache, v_cache, k, v, pos, causal, window_size, softcap)

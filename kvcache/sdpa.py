@@ -1,0 +1,52 @@
+"""The portable backend: `flash_attn_with_kvcache` semantics on top of PyTorch SDPA.
+
+Runs anywhere (CPU, any GPU, any dtype). `pos` is the host copy of cache_seqlens for
+batch 1, so slicing the cache needs no device sync on the decode path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _visible_mask(pos: int, tq: int, tk: int, window_left: int, device) -> torch.Tensor | None:
+    """Boolean (tq, tk) mask, bottom-right aligned: query i sits at absolute pos+i."""
+    if tq == 1 and (window_left < 0 or window_left >= tk):
+        return None  # a single query at the end sees every key: no mask needed
+    qpos = torch.arange(pos, pos + tq, device=device)[:, None]
+    kpos = torch.arange(tk, device=device)[None, :]
+    mask = kpos <= qpos
+    if window_left >= 0:
+        mask &= kpos >= qpos - window_left
+    return mask
+
+
+def sdpa_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      k: torch.Tensor | None, v: torch.Tensor | None, pos: int,
+                      causal: bool = True, window_size: tuple[int, int] = (-1, -1),
+                      softcap: float = 0.0, softmax_scale: float | None = None) -> torch.Tensor:
+    """q: (1, Tq, Hq, D); caches: (1, T, Hk, D); k/v: (1, Tq, Hk, D) appended at `pos`."""
+    tq = q.shape[1]
+    if k is not None:
+        k_cache[:, pos:pos + tq] = k
+        v_cache[:, pos:pos + tq] = v
+    tk = pos + tq
+    qh = q.transpose(1, 2)
+    kh = k_cache[:, :tk].transpose(1, 2)
+    vh = v_cache[:, :tk].transpose(1, 2)
+    if kh.shape[1] != qh.shape[1]:  # GQA: share each KV head among its query group
+        rep = qh.shape[1] // kh.shape[1]
+        kh = kh.repeat_interleave(rep, dim=1)
+        vh = vh.repeat_interleave(rep, dim=1)
+    mask = _visible_mask(pos, tq, tk, window_size[0], q.device) if causal else None
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    if softcap > 0:
+        scores = (qh.float() @ kh.float().transpose(-1, -2)) * scale
+        scores = softcap * torch.tanh(scores / softcap)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        out = (scores.softmax(-1) @ vh.float()).to(q.dtype)
+    else:
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+    return out.transpose(1, 2)

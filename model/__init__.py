@@ -1,0 +1,1 @@
+"""Architectures, weight loading, tokenizers and chat templates, and generation."""

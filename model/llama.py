@@ -1,0 +1,157 @@
+"""A Llama-family decoder (SmolLM2, Llama 2/3, Qwen2-style without biases) over a KVCache.
+
+The forward takes only the new tokens; everything before them is read from the cache,
+and rotary positions start at the cache position, so a new turn can begin anywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kvcache import Attention, KVCache
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int = 49152
+    hidden_size: int = 576
+    intermediate_size: int = 1536
+    num_hidden_layers: int = 30
+    num_attention_heads: int = 9
+    num_key_value_heads: int = 3
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 8192
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self):
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LlamaConfig:
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 like the reference implementations, so bf16 matches them.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rotary_tables(head_dim: int, max_len: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim))
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float64, device=device), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary (HF layout). x: (B, T, H, D); cos/sin: (T, D/2)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: LlamaConfig, idx: int):
+        super().__init__()
+        self.idx = idx
+        self.n_head, self.n_kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        d = cfg.hidden_size
+        self.q_proj = nn.Linear(d, self.n_head * self.hd, bias=False)
+        self.k_proj = nn.Linear(d, self.n_kv * self.hd, bias=False)
+        self.v_proj = nn.Linear(d, self.n_kv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.n_head * self.hd, d, bias=False)
+
+    def forward(self, x, cos, sin, cache: KVCache, attn: Attention) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = apply_rotary(self.q_proj(x).view(b, t, self.n_head, self.hd), cos, sin)
+        k = apply_rotary(self.k_proj(x).view(b, t, self.n_kv, self.hd), cos, sin)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.hd)
+        return self.o_proj(attn(q, k, v, cache, self.idx).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = nn.Linear(d, f, bias=False)
+        self.up_proj = nn.Linear(d, f, bias=False)
+        self.down_proj = nn.Linear(f, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaBlock(nn.Module):
+    """Module names mirror Hugging Face's, so their state dicts load with no renaming."""
+
+    def __init__(self, cfg: LlamaConfig, idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = SelfAttention(cfg, idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, cache: KVCache, attn: Attention) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaBody(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaBlock(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: LlamaConfig, attn: Attention | None = None):
+        super().__init__()
+        self.config = cfg
+        self.attn = attn or Attention("auto")
+        self.max_seq_len = cfg.max_position_embeddings
+        self.model = LlamaBody(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # fp32 even in a bf16 model
+
+    def new_cache(self, seq_len: int | None = None) -> KVCache:
+        c = self.config
+        p = self.lm_head.weight
+        return KVCache(1, c.num_key_value_heads, seq_len or self.max_seq_len, c.head_dim,
+                       c.num_hidden_layers, p.device, p.dtype)
+
+    def rope(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._rope is None or self._rope[0].device != device:
+            c = self.config
+            self._rope = rotary_tables(c.head_dim, c.max_position_embeddings, c.rope_theta, device)
+        return self._rope
+
+    def forward(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Logits (fp32) for the new tokens `idx` (B, T); their K/V land in `cache`."""
+        t = idx.shape[1]
+        cache.check_fits(t)  # before any layer writes: an overflow leaves the cache as it was
+        pos = cache.pos
+        cos, sin = self.rope(idx.device)
+        cos, sin = cos[pos:pos + t], sin[pos:pos + t]
+        x = self.model.embed_tokens(idx)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, cache, self.attn)
+        cache.advance(t)
+        return self.lm_head(self.model.norm(x)).float()

@@ -1,0 +1,82 @@
+"""Model directories: our canonical one and Hugging Face Llama-family ones are the same shape.
+
+`config.json` + `*.safetensors` + `tokenizer.json` (+ `tokenizer_config.json`). Weights are
+memory-mapped, so a warm load costs little more than reading the headers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from kvcache import Attention
+from model.errors import ModelLoadError
+from model.llama import Llama, LlamaConfig
+from model.loading.base import LoadedModel, LoadOptions
+from model.templates import ChatML
+
+LLAMA_ARCHS = {"LlamaForCausalLM", "MistralForCausalLM"}
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path}: missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{path}: no *.safetensors weights")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for key in sf.keys():
+                    weights[key] = sf.get_tensor(key)
+        except (SafetensorError, OSError) as e:
+            raise ModelLoadError(f"{f}: unreadable safetensors ({e})") from None
+    return weights
+
+
+def build_llama(cfg: LlamaConfig, weights: dict[str, torch.Tensor], opts: LoadOptions, where: str) -> Llama:
+    with torch.device("meta"):
+        model = Llama(cfg, Attention(opts.attn))
+    if cfg.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    expected = {k: v.shape for k, v in model.state_dict().items()}
+    if cfg.tie_word_embeddings:
+        expected.pop("lm_head.weight", None)
+    missing = sorted(set(expected) - set(weights))
+    if missing:
+        raise ModelLoadError(f"{where}: missing weights, e.g. {missing[0]} ({len(missing)} missing)")
+    for k, shape in expected.items():
+        if tuple(weights[k].shape) != tuple(shape):
+            raise ModelLoadError(f"{where}: {k} has shape {tuple(weights[k].shape)}, config says {tuple(shape)}")
+    state = {k: weights[k].to(device=opts.device, dtype=opts.dtype) for k in expected}
+    model.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.eval()
+
+
+def load_hf_dir(path: Path, opts: LoadOptions) -> LoadedModel:
+    from model.bpe import tokenizer_from_json
+
+    config = read_json(path / "config.json")
+    archs = set(config.get("architectures") or ["LlamaForCausalLM"])
+    if not archs & LLAMA_ARCHS:
+        raise ModelLoadError(f"{path}: unsupported architecture {sorted(archs)[0]} (Llama family only)")
+    cfg = LlamaConfig.from_dict(config)
+    model = build_llama(cfg, read_safetensors(path), opts, str(path))
+    tok_config = read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").exists() else {}
+    tok = tokenizer_from_json(path / "tokenizer.json", tok_config)
+    system = tok_config.get("nanochat_tui_default_system", "")
+    template = ChatML(tok, default_system=system)
+    return LoadedModel(model, tok, template, config.get("nanochat_tui_name", path.name), cfg.max_position_embeddings)

@@ -1,0 +1,56 @@
+"""`random:NAME`: random-weight models with a byte-level tokenizer, for tests and speed work.
+
+The weights come from a fixed seed, so the same spec is the same model everywhere.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvcache import Attention
+from model.errors import ModelLoadError
+from model.llama import Llama, LlamaConfig
+from model.loading.base import LoadedModel, LoadOptions
+from model.templates import ChatML
+from model.tokenizer import Tokenizer, byte_level_encoding
+
+CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+PRESETS: dict[str, dict] = {
+    # A few layers, fast on a CPU: tests and tools rely on this exact name.
+    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                 rope_theta=10000.0),
+    # Real shapes, random weights: speed and memory work.
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                         rope_theta=100000.0),
+    # Llama shapes of nanochat d20 / d32 sizes (dim 1280 / 2048, 20 / 32 layers, MHA).
+    "d20": dict(vocab_size=32768, hidden_size=1280, intermediate_size=5120, num_hidden_layers=20,
+                num_attention_heads=10, num_key_value_heads=10, max_position_embeddings=8192,
+                tie_word_embeddings=False),
+    "d32": dict(vocab_size=32768, hidden_size=2048, intermediate_size=8192, num_hidden_layers=32,
+                num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=8192,
+                tie_word_embeddings=False),
+}
+
+
+def random_llama(cfg: LlamaConfig, opts: LoadOptions, seed: int = 0) -> Llama:
+    torch.manual_seed(seed)
+    model = Llama(cfg, Attention(opts.attn))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0.0, 0.02 if "embed" in name or "lm_head" in name else 0.08)
+    return model.to(device=opts.device, dtype=opts.dtype).eval()
+
+
+def load_random(name: str, opts: LoadOptions) -> LoadedModel:
+    if name not in PRESETS:
+        raise ModelLoadError(f"unknown random preset {name!r}; choose one of {', '.join(PRESETS)}")
+    cfg = LlamaConfig(**PRESETS[name])
+    tok = Tokenizer(byte_level_encoding(f"bytes-{name}", CHATML_SPECIALS), eos="<|endoftext|>")
+    if tok.vocab_size > cfg.vocab_size:
+        raise ModelLoadError(f"preset {name}: tokenizer needs {tok.vocab_size} ids, model has {cfg.vocab_size}")
+    template = ChatML(tok, default_system="You are a helpful assistant.")
+    return LoadedModel(random_llama(cfg, opts), tok, template, f"random:{name}", cfg.max_position_embeddings)
