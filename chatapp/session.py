@@ -95,7 +95,7 @@ class Session:
         if not text:
             yield Error("empty message")
             return
-        new = self.template.user_turn(text)
+        new = self.template.user_turn(text, "" if self.exchanges else self.system)
         room = self.cache.capacity - self.prefix_len - 1
         if len(new) > room:
             yield Error(f"message too long: {len(new)} tokens, the context holds {room} after the "
@@ -171,26 +171,27 @@ class Session:
         """Drop the oldest whole exchanges until the new turn and a reply fit. The system
         prompt stays. What is kept moves to new positions, so it is re-prefilled."""
         want = incoming + min(self.settings.max_new_tokens, 64)
-        if len(self.tokens) + want <= self.cache.capacity or not self.exchanges:
+        drop = 0
+        while drop < len(self.exchanges) and self._len_without(drop) + want > self.cache.capacity:
+            drop += 1
+        if drop == 0:
             return
-        keep_from = 0
-        while (keep_from < len(self.exchanges)
-               and len(self.tokens) - (self.exchanges[keep_from].start - self.prefix_len) + want
-               > self.cache.capacity):
-            keep_from += 1
-        # len(tokens) shrinks by the span of the dropped exchanges
-        dropped = self.exchanges[:keep_from]
-        cut_from, cut_to = self.prefix_len, (self.exchanges[keep_from].start if keep_from < len(self.exchanges)
-                                             else len(self.tokens))
-        removed = cut_to - cut_from
-        del self.tokens[cut_from:cut_to]
-        kept = self.exchanges[keep_from:]
-        for ex in kept:
+        cut_from = self.prefix_len
+        removed = len(self.tokens) - self._len_without(drop)
+        del self.tokens[cut_from:cut_from + removed]
+        self.exchanges = self.exchanges[drop:]
+        for ex in self.exchanges:
             ex.start, ex.reply_start, ex.end = ex.start - removed, ex.reply_start - removed, ex.end - removed
-        self.exchanges = kept
         self.cache.reset()
         self.gen.prefill(self.tokens)
-        yield Trimmed(len(dropped), removed, len(self.tokens), self.cache.pos, self.cache.capacity)
+        yield Trimmed(drop, removed, len(self.tokens), self.cache.pos, self.cache.capacity)
+
+    def _len_without(self, n: int) -> int:
+        """Length of the token list if the n oldest exchanges were dropped."""
+        if n == 0:
+            return len(self.tokens)
+        kept_from = self.exchanges[n].start if n < len(self.exchanges) else len(self.tokens)
+        return len(self.tokens) - (kept_from - self.prefix_len)
 
     # --- commands ----------------------------------------------------------------
     def run_command(self, line: str) -> Iterator[Event]:

@@ -24,8 +24,10 @@ class ChatTemplate:
         """Tokens that open a conversation (BOS, system prompt)."""
         raise NotImplementedError
 
-    def user_turn(self, text: str) -> list[int]:
-        """A user message followed by the assistant header: what the model answers after."""
+    def user_turn(self, text: str, system: str = "") -> list[int]:
+        """A user message followed by the assistant header: what the model answers after.
+        `system` comes with the conversation's first user message only: a family with no
+        system role (nanochat) folds it into that message; the others have it in start()."""
         raise NotImplementedError
 
     def end_reply(self) -> list[int]:
@@ -56,7 +58,7 @@ class ChatML(ChatTemplate):
     def start(self, system: str) -> list[int]:
         return list(self.bos) + (self._message("system", system) if system else [])
 
-    def user_turn(self, text: str) -> list[int]:
+    def user_turn(self, text: str, system: str = "") -> list[int]:
         return self._message("user", text) + [self.im_start, *self.tok.encode("assistant\n")]
 
     def end_reply(self) -> list[int]:
@@ -76,12 +78,46 @@ class NanochatFormat(ChatTemplate):
                             ("python_start", "python_end", "output_start", "output_end")}
 
     def start(self, system: str) -> list[int]:
-        # nanochat has no system role: its own tokenizer folds a system message into the
-        # first user message. We keep it as a user/assistant-free prefix of plain text.
-        return [self.bos_id] + ([self.user_start, *self.tok.encode(system), self.user_end] if system else [])
+        return [self.bos_id]
 
-    def user_turn(self, text: str) -> list[int]:
+    def user_turn(self, text: str, system: str = "") -> list[int]:
+        # nanochat has no system role: its render_conversation prepends a system message to
+        # the first user message as "system\n\nuser", encoded as one text.
+        text = f"{system}\n\n{text}" if system else text
         return [self.user_start, *self.tok.encode(text), self.user_end, self.assistant_start]
 
     def end_reply(self) -> list[int]:
         return [self.assistant_end]
+
+
+@dataclass
+class Llama3(ChatTemplate):
+    """<|start_header_id|>role<|end_header_id|>\\n\\ntext<|eot_id|> — Llama 3.x instruct models."""
+
+    def __post_init__(self):
+        t = self.tok.token
+        self.bot, self.sh, self.eh, self.eot = (t("<|begin_of_text|>"), t("<|start_header_id|>"),
+                                                t("<|end_header_id|>"), t("<|eot_id|>"))
+        self.stop_ids = {self.eot} | ({self.tok.eos_id} if self.tok.eos_id is not None else set())
+
+    def _header(self, role: str) -> list[int]:
+        return [self.sh, *self.tok.encode(role), self.eh, *self.tok.encode("\n\n")]
+
+    def start(self, system: str) -> list[int]:
+        return [self.bot] + ([*self._header("system"), *self.tok.encode(system), self.eot] if system else [])
+
+    def user_turn(self, text: str) -> list[int]:
+        return [*self._header("user"), *self.tok.encode(text), self.eot, *self._header("assistant")]
+
+    def end_reply(self) -> list[int]:
+        return [self.eot]
+
+
+def template_for(tok: Tokenizer, chat_template: str | None, default_system: str = "") -> ChatTemplate:
+    """Pick the family's format from a Jinja chat template's markers (we never run the Jinja)."""
+    src = chat_template or ""
+    if "<|start_header_id|>" in src:
+        return Llama3(tok, default_system=default_system)
+    if "<|im_start|>" in src or (not src and "<|im_start|>" in tok.special):
+        return ChatML(tok, default_system=default_system)
+    raise ValueError("unsupported chat template (supported: ChatML, Llama 3)")

@@ -16,7 +16,7 @@ from kvcache import Attention
 from model.errors import ModelLoadError
 from model.llama import Llama, LlamaConfig
 from model.loading.base import LoadedModel, LoadOptions
-from model.templates import ChatML
+from model.templates import template_for
 
 LLAMA_ARCHS = {"LlamaForCausalLM", "MistralForCausalLM"}
 
@@ -73,10 +73,16 @@ def load_hf_dir(path: Path, opts: LoadOptions) -> LoadedModel:
     archs = set(config.get("architectures") or ["LlamaForCausalLM"])
     if not archs & LLAMA_ARCHS:
         raise ModelLoadError(f"{path}: unsupported architecture {sorted(archs)[0]} (Llama family only)")
+    for key in ("rope_scaling", "attention_bias", "mlp_bias"):
+        if config.get(key):
+            raise ModelLoadError(f"{path / 'config.json'}: {key} is not supported yet")
     cfg = LlamaConfig.from_dict(config)
     model = build_llama(cfg, read_safetensors(path), opts, str(path))
     tok_config = read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").exists() else {}
     tok = tokenizer_from_json(path / "tokenizer.json", tok_config)
     system = tok_config.get("nanochat_tui_default_system", "")
-    template = ChatML(tok, default_system=system)
+    try:
+        template = template_for(tok, tok_config.get("chat_template"), system)
+    except (ValueError, KeyError) as e:
+        raise ModelLoadError(f"{path}: {e.args[0]}") from None
     return LoadedModel(model, tok, template, config.get("nanochat_tui_name", path.name), cfg.max_position_embeddings)
