@@ -1,0 +1,252 @@
+"""Byte-level BPE vocabularies as tiktoken Encodings: from a Hugging Face `tokenizer.json`
+or from a GGUF file's `tokenizer.ggml.*` metadata.
+
+tiktoken merges the adjacent pair whose *concatenation* has the lowest rank; Hugging Face
+BPE applies the merge list in order. The two agree when every merged token's id follows
+merge order, so ids can serve as ranks. We check that, and refuse vocabularies that don't.
+
+tiktoken also needs every single byte ranked, but some vocabularies lack a few (SmolLM2
+has no token for 21 byte values). Those bytes get ranks past the model's vocabulary so the
+Encoding itself round-trips them; `BPETokenizer.encode` then replaces any character that
+would need one with U+FFFD, visibly, because the model has no embedding for those ids.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import tiktoken
+
+from model.errors import ModelLoadError
+from model.tokenizer import GPT2_PATTERN, Tokenizer
+
+# SmolLM2's pre-tokenizer: Digits(individual_digits) then ByteLevel's GPT-2 regex, folded into
+# one regex. Digits become their own pieces, so the GPT-2 ` ?\p{N}+` branch can never match,
+# and `\s+(?!\S)` must treat a digit as the end of a piece (it is one, after the digit split).
+SMOLLM_PATTERN = (r"\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+"
+                  r"|\s+(?![^\s\p{N}])|\s+")
+
+_BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+# GGUF `tokenizer.ggml.pre` name -> (regex, the tokenizer.json pre_tokenizer that means the same)
+PRE_TOKENIZERS: dict[str, tuple[str, dict]] = {
+    "gpt-2": (GPT2_PATTERN, _BYTE_LEVEL),
+    "smollm": (SMOLLM_PATTERN, {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True}, _BYTE_LEVEL]}),
+}
+
+
+@dataclass
+class BPEVocab:
+    """A byte-level BPE vocabulary. `tokens[i]` is id i in GPT-2's byte-to-unicode alphabet
+    (specials as plain text); `special` maps the specials' text to their ids."""
+
+    tokens: list[str]
+    merges: list[tuple[str, str]]
+    special: dict[str, int]
+    pattern: str
+    name: str = "bpe"
+
+
+@cache
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable characters."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    extra = [b for b in range(256) if b not in printable]
+    table = {b: chr(b) for b in printable}
+    table.update({b: chr(256 + i) for i, b in enumerate(extra)})
+    return table
+
+
+@cache
+def unicode_to_byte() -> dict[str, int]:
+    return {c: b for b, c in byte_to_unicode().items()}
+
+
+def token_bytes(token: str, where: str) -> bytes:
+    u2b = unicode_to_byte()
+    try:
+        return bytes([u2b[c] for c in token])
+    except KeyError as e:
+        raise ModelLoadError(f"{where}: token {token!r} has character {e.args[0]!r} outside the "
+                             "byte-level alphabet (not a byte-level BPE vocabulary)") from None
+
+
+def check_merge_order(ids: dict[str, int], merges: list[tuple[str, str]], where: str) -> set[str]:
+    """Raise unless each merge makes a token whose id exceeds the previous merge's; return the
+    merged tokens."""
+    prev, made = -1, set()
+    for i, (a, b) in enumerate(merges):
+        tid = ids.get(a + b)
+        if tid is None or a not in ids or b not in ids:
+            raise ModelLoadError(f"{where}: merge {i} ({a!r} + {b!r}) uses or makes a token "
+                                 "missing from the vocabulary")
+        if tid <= prev:
+            raise ModelLoadError(f"{where}: token ids do not follow merge order (merge {i} makes id "
+                                 f"{tid} after id {prev}), so they cannot serve as tiktoken ranks")
+        prev = tid
+        made.add(a + b)
+    return made
+
+
+def build_encoding(v: BPEVocab) -> tuple[tiktoken.Encoding, set[int]]:
+    """The tiktoken Encoding of `v`, and the byte values that have no token of their own."""
+    specials = set(v.special.values())
+    ids = {t: i for i, t in enumerate(v.tokens) if t and i not in specials}
+    made = check_merge_order(ids, v.merges, v.name)
+    ranks: dict[bytes, int] = {}
+    for tok, i in ids.items():
+        if len(tok) > 1 and tok not in made:
+            # tiktoken would reach it by any split; HF BPE never would.
+            raise ModelLoadError(f"{v.name}: token {tok!r} (id {i}) is made by no merge")
+        ranks[token_bytes(tok, v.name)] = i
+    unranked = {b for b in range(256) if bytes([b]) not in ranks}
+    top = max([*ranks.values(), *v.special.values()]) + 1
+    for k, b in enumerate(sorted(unranked)):
+        ranks[bytes([b])] = top + k
+    try:
+        enc = tiktoken.Encoding(name=v.name, pat_str=v.pattern, mergeable_ranks=ranks, special_tokens=v.special)
+    except ValueError as e:
+        raise ModelLoadError(f"{v.name}: cannot build the tokenizer ({e})") from None
+    return enc, unranked
+
+
+class BPETokenizer(Tokenizer):
+    """A Tokenizer whose user text never reaches an id the model lacks: characters that need
+    an unranked byte become U+FFFD (visibly) instead of vanishing, as they do in HF and
+    llama.cpp."""
+
+    def __init__(self, enc: tiktoken.Encoding, unranked: set[int], n_model_vocab: int,
+                 bos: str | None = None, eos: str | None = None):
+        super().__init__(enc, bos, eos)
+        self.n_model_vocab = n_model_vocab
+        self.unranked = frozenset(unranked)
+        self._ranked = bytes(b for b in range(256) if b not in unranked)
+        self.replacement = "\ufffd" if not set("\ufffd".encode()) & self.unranked else "?"
+
+    @property
+    def vocab_size(self) -> int:
+        return self.n_model_vocab
+
+    def visible(self, text: str) -> str:
+        """`text` with every character that needs an unranked byte replaced."""
+        if not self.unranked:
+            return text
+        data = text.encode("utf-8", "surrogatepass")
+        if not data.translate(None, self._ranked):  # fast path: every byte has a token
+            return text
+        return "".join(self.replacement if set(c.encode("utf-8", "surrogatepass")) & self.unranked else c
+                       for c in text)
+
+    def encode(self, text: str) -> list[int]:
+        return super().encode(self.visible(text))
+
+
+def make_tokenizer(v: BPEVocab, bos: str | None, eos: str | None) -> BPETokenizer:
+    enc, unranked = build_encoding(v)
+    for name in (bos, eos):
+        if name and name not in v.special:
+            raise ModelLoadError(f"{v.name}: {name!r} is not one of the special tokens")
+    return BPETokenizer(enc, unranked, len(v.tokens), bos, eos)
+
+
+# --- tokenizer.json ------------------------------------------------------------------------
+
+def pattern_from_pre_tokenizer(pre: dict | None, where: str) -> str:
+    """The tiktoken regex equivalent to a tokenizer.json pre_tokenizer we understand."""
+    steps = (pre or {}).get("pretokenizers", [pre]) if (pre or {}).get("type") == "Sequence" else [pre]
+    kinds = [s.get("type") if s else None for s in steps]
+    last = steps[-1] or {}
+    if last.get("type") == "ByteLevel" and last.get("add_prefix_space"):
+        raise ModelLoadError(f"{where}: ByteLevel add_prefix_space is not supported")
+    if kinds == ["ByteLevel"] and last.get("use_regex", True):
+        return GPT2_PATTERN
+    if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits") and last.get("use_regex", True):
+        return SMOLLM_PATTERN
+    if kinds == ["Split", "ByteLevel"] and not last.get("use_regex", True):
+        split = steps[0]
+        regex = (split.get("pattern") or {}).get("Regex")
+        if regex and split.get("behavior") == "Isolated" and not split.get("invert"):
+            return regex  # Llama 3 / Qwen2: the regex came from tiktoken in the first place
+    raise ModelLoadError(f"{where}: unsupported pre-tokenizer {json.dumps(pre)[:120]} (supported: ByteLevel, "
+                         "Digits(individual)+ByteLevel, Split(regex)+ByteLevel)")
+
+
+def vocab_from_tokenizer_json(data: dict, where: str) -> BPEVocab:
+    model = data.get("model") or {}
+    if model.get("type", "BPE") != "BPE" or "merges" not in model:
+        raise ModelLoadError(f"{where}: not a BPE tokenizer (model type {model.get('type')!r})")
+    if model.get("byte_fallback") or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        raise ModelLoadError(f"{where}: byte_fallback / subword affixes are not supported (not byte-level BPE)")
+    if data.get("normalizer"):
+        raise ModelLoadError(f"{where}: normalizer {data['normalizer'].get('type')!r} is not supported")
+    vocab: dict[str, int] = dict(model["vocab"])
+    # Every added token is special to us: never matched in user text (a prompt-injection boundary).
+    special = {t["content"]: t["id"] for t in data.get("added_tokens", [])}
+    vocab.update(special)
+    tokens = [""] * (max(vocab.values()) + 1)
+    for tok, i in vocab.items():
+        tokens[i] = tok
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    if any(len(m) != 2 for m in merges):
+        raise ModelLoadError(f"{where}: malformed merges")
+    pattern = pattern_from_pre_tokenizer(data.get("pre_tokenizer"), where)
+    return BPEVocab(tokens, merges, special, pattern, name=Path(where).parent.name or "bpe")
+
+
+def _token_name(value) -> str | None:
+    # tokenizer_config.json holds either "<s>" or {"content": "<s>", ...}
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def tokenizer_from_json(path: Path, tokenizer_config: dict) -> Tokenizer:
+    """The tokenizer of a Hugging Face byte-level BPE `tokenizer.json`."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path}: missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+    v = vocab_from_tokenizer_json(data, str(path))
+    return make_tokenizer(v, _token_name(tokenizer_config.get("bos_token")),
+                          _token_name(tokenizer_config.get("eos_token")))
+
+
+# --- GGUF metadata ---------------------------------------------------------------------------
+
+# llama.cpp token types that are not plain vocabulary: control, user-defined, unused.
+GGUF_NOT_TEXT = (3, 4, 5)
+
+
+def vocab_from_gguf(meta: dict, where: str) -> BPEVocab:
+    """`meta`: the GGUF's `tokenizer.ggml.*` values as plain Python objects."""
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ModelLoadError(f"{where}: tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2' only)")
+    pre = meta.get("tokenizer.ggml.pre", "gpt-2")
+    if pre not in PRE_TOKENIZERS:
+        raise ModelLoadError(f"{where}: pre-tokenizer {pre!r} is not supported ({', '.join(PRE_TOKENIZERS)})")
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    if len(types) != len(tokens):
+        raise ModelLoadError(f"{where}: {len(tokens)} tokens but {len(types)} token types")
+    special = {t: i for i, (t, ty) in enumerate(zip(tokens, types, strict=True)) if ty in GGUF_NOT_TEXT}
+    merges = [tuple(m.split(" ")) for m in meta.get("tokenizer.ggml.merges", [])]
+    if any(len(m) != 2 for m in merges):
+        raise ModelLoadError(f"{where}: malformed tokenizer.ggml.merges")
+    return BPEVocab(tokens, merges, special, PRE_TOKENIZERS[pre][0], name=Path(where).stem)
+
+
+def tokenizer_json(v: BPEVocab, pre: str) -> dict:
+    """A Hugging Face tokenizer.json for `v`: what the canonical model directory stores."""
+    vocab = {t: i for i, t in enumerate(v.tokens)}
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for t, i in sorted(v.special.items(), key=lambda x: x[1])]
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": None, "pre_tokenizer": PRE_TOKENIZERS[pre][1], "post_processor": None,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                      "ignore_merges": False, "vocab": vocab, "merges": [list(m) for m in v.merges]}}
