@@ -14,8 +14,12 @@ COMMANDS = {
     "/set": "/set temperature=0.7 top_k=50 top_p=0.9 seed=1 max_new_tokens=256",
     "/stats": "show the cache and the last turn's figures",
     "/help": "list commands and keys",
+    "/save": "/save [TITLE]: save this chat now (chats are also saved after every turn)",
+    "/load": "/load [ID]: open a stored chat (default: the last one)",
+    "/export": "/export [PATH]: write this chat as Markdown",
     "/quit": "leave",
 }
+STORE_COMMANDS = ("/save", "/load", "/export")
 
 # name -> (type, check, description of valid values)
 SETTINGS = {

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from chatapp.commands import parse_command, parse_settings
+from chatapp.commands import STORE_COMMANDS, parse_command, parse_settings
 from chatapp.events import CacheState, Error, Event, Info, Quit, TextDelta, ToolCall, Trimmed, TurnStats
 from chatapp.tools import ToolRunner
 from model.errors import UserError
@@ -74,6 +74,14 @@ class Session:
         self.gen.forget()
         self.tokens = self.template.start(self.system)
         self.exchanges = []
+
+    def adopt(self, tokens: list[int], exchanges: list[Exchange]) -> None:
+        """Take over a stored conversation with an empty cache: every token is pending, so the
+        invariant holds; the store then refills the cache (snapshot or prefill, chatapp/restore.py)."""
+        self.cache.reset()
+        self.gen.forget()
+        self.tokens, self.exchanges = list(tokens), list(exchanges)
+        self.turns = len(exchanges)
 
     def truncate(self, n: int) -> None:
         """Cut the token list to n tokens, rewinding the cache if it held more."""
@@ -231,6 +239,8 @@ class Session:
         elif cmd.name == "/help":
             from chatapp.commands import help_text
             yield Info(help_text())
+        elif cmd.name in STORE_COMMANDS:  # served by chatapp/persist.py's ChatKeeper when there is one
+            yield Error(f"{cmd.name}: chats are not kept in this session")
         elif cmd.name == "/quit":
             yield Quit()
 
