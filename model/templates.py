@@ -106,7 +106,7 @@ class Llama3(ChatTemplate):
     def start(self, system: str) -> list[int]:
         return [self.bot] + ([*self._header("system"), *self.tok.encode(system), self.eot] if system else [])
 
-    def user_turn(self, text: str) -> list[int]:
+    def user_turn(self, text: str, system: str = "") -> list[int]:
         return [*self._header("user"), *self.tok.encode(text), self.eot, *self._header("assistant")]
 
     def end_reply(self) -> list[int]:
