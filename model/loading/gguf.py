@@ -1,0 +1,206 @@
+"""Llama-architecture GGUF files, converted once into the canonical model directory.
+
+`convert_gguf` dequantizes every tensor with the `gguf` package, renames it to Hugging Face's
+naming, undoes llama.cpp's Q/K row permutation, and writes config.json, model.safetensors,
+tokenizer.json and tokenizer_config.json. `load_gguf` converts into the cache on first use and
+then loads the directory like any other, memory-mapped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from model.errors import ModelLoadError
+from model.loading.base import LoadedModel, LoadOptions
+from model.loading.gguf_meta import GGUFFile, hf_config, open_gguf, tokenizer_files
+from model.loading.safetensors_out import TensorSpec, write_safetensors
+
+Progress = Callable[[str, float, float], None]   # (stage, done, total)
+CONVERTER_VERSION = "1"   # bump when the output of convert_gguf changes: cached conversions are redone
+
+LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+             "output.weight": "lm_head.weight"}
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+
+
+def hf_name(name: str, where: str) -> str:
+    if name in TOP_NAMES:
+        return TOP_NAMES[name]
+    blk, n, part, weight = (name.split(".") + ["", "", "", ""])[:4]
+    if blk == "blk" and n.isdigit() and part in LAYER_NAMES and weight == "weight" and name.count(".") == 3:
+        return f"model.layers.{n}.{LAYER_NAMES[part]}.weight"
+    raise ModelLoadError(f"{where}: unexpected tensor {name!r} (not a plain Llama GGUF; rope scaling and "
+                         "biases are not supported)")
+
+
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K permutation. Its converter interleaves each head's two rotary
+    halves (rows [h, half, j] -> [h, j, half]) for GGML's pairwise rope; our rotary rotates
+    halves, as Hugging Face's does."""
+    rows, cols = w.shape
+    return w.reshape(n_head, rows // n_head // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def tensor_plan(g: GGUFFile, config: dict) -> list[tuple[TensorSpec, object]]:
+    """What to write, in file order: (spec, the GGUF tensor it comes from)."""
+    plan = []
+    for t in g.reader.tensors:
+        if t.tensor_type.name not in SUPPORTED_TYPES:
+            raise ModelLoadError(f"{g.path}: tensor {t.name} has type {t.tensor_type.name}; supported types: "
+                                 f"{', '.join(SUPPORTED_TYPES)} (re-quantize the file, e.g. to Q8_0 or Q4_K)")
+        name = hf_name(t.name, str(g.path))
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        dtype = {"F16": "F16", "BF16": "BF16"}.get(t.tensor_type.name, "F32")   # 16-bit stays exact
+        plan.append((TensorSpec(name, dtype, shape), t))
+    return plan
+
+
+def dequantize(spec: TensorSpec, t, config: dict) -> np.ndarray:
+    from gguf import GGMLQuantizationType, quants
+
+    kind = t.tensor_type
+    if kind == GGMLQuantizationType.BF16:
+        w = np.asarray(t.data).view(np.uint16)
+    elif kind == GGMLQuantizationType.F16:
+        w = np.asarray(t.data).view(np.float16)
+    else:
+        w = quants.dequantize(t.data, kind).astype(np.float32, copy=False)
+    w = w.reshape(spec.shape)
+    if spec.name.endswith("self_attn.q_proj.weight"):
+        w = unpermute(w, config["num_attention_heads"])
+    elif spec.name.endswith("self_attn.k_proj.weight"):
+        w = unpermute(w, config["num_key_value_heads"])
+    return w
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = None, name: str | None = None) -> Path:
+    """Write the canonical model directory for a Llama GGUF into `out_dir` (created)."""
+    if progress:
+        progress("read", 0, 1)   # GGUFReader takes seconds on a large vocabulary: say so first
+    g = open_gguf(Path(gguf_path))
+    config = hf_config(g, name or Path(gguf_path).stem)
+    plan = tensor_plan(g, config)
+    missing = {"model.embed_tokens.weight", "model.norm.weight"} - {s.name for s, _ in plan}
+    if missing:
+        raise ModelLoadError(f"{gguf_path}: missing tensor {sorted(missing)[0]}")
+    config["tie_word_embeddings"] = "lm_head.weight" not in {s.name for s, _ in plan}
+    tok_json, tok_config = tokenizer_files(g)   # builds the tokenizer once: errors surface now
+    if progress:
+        progress("read", 1, 1)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sources = {s.name: t for s, t in plan}
+
+    def produce(spec: TensorSpec) -> np.ndarray:
+        try:
+            return dequantize(spec, sources[spec.name], config)
+        except (ValueError, IndexError) as e:   # short data in a truncated file
+            raise ModelLoadError(f"{gguf_path}: tensor {spec.name} is unreadable ({e}); the file may be "
+                                 "truncated") from None
+
+    report = (lambda i: progress("convert", i, len(plan))) if progress else None
+    write_safetensors(out_dir / "model.safetensors", [s for s, _ in plan], produce,
+                      metadata={"format": "pt", "source": Path(gguf_path).name}, on_tensor=report)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    (out_dir / "tokenizer.json").write_text(json.dumps(tok_json, ensure_ascii=False), encoding="utf-8")
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n",
+                                                   encoding="utf-8")
+    return out_dir
+
+
+def cache_root() -> Path:
+    """`$NANOCHAT_TUI_HOME`, else `$XDG_CACHE_HOME/nanochat-tui`, else ~/.cache/nanochat-tui."""
+    if os.environ.get("NANOCHAT_TUI_HOME"):
+        return Path(os.environ["NANOCHAT_TUI_HOME"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "nanochat-tui"
+
+
+def staging_dir(parent: Path, prefix: str) -> Path:
+    """A fresh temp dir in `parent` named after this process. Ones left by processes that died
+    without cleaning up (SIGKILL, power loss) are removed first."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for old in parent.glob(f"{prefix}*"):
+        pid = old.name.removeprefix(prefix).split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:   # exists, owned by someone else
+        return True
+    return True
+
+
+def missing_dirs(path: Path) -> list[Path]:
+    """`path` and its ancestors that do not exist yet, deepest first."""
+    out = []
+    while not path.exists():
+        out.append(path)
+        path = path.parent
+    return out
+
+
+def remove_empty(dirs: list[Path]) -> None:
+    """Undo our mkdirs after a failure, so a failed attempt leaves the cache as it found it."""
+    for d in dirs:
+        try:
+            d.rmdir()
+        except OSError:   # not empty: someone else uses it now
+            return
+
+
+def convert_atomically(gguf_path: Path, final: Path, progress: Progress | None = None,
+                       name: str | None = None) -> Path:
+    """Convert into a temp dir beside `final`, then rename: `final` is complete or absent."""
+    created = missing_dirs(final.parent)
+    tmp = staging_dir(final.parent, f".{final.name}.partial-")
+    try:
+        convert_gguf(gguf_path, tmp, progress, name)
+        os.rename(tmp, final)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (final / "config.json").exists():   # unless a concurrent conversion won the race
+            remove_empty(created)
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        remove_empty(created)
+        raise
+    return final
+
+
+def converted_dir(gguf_path: Path) -> Path:
+    """Where the conversion of this exact file lives: keyed by path, size and mtime."""
+    st = gguf_path.stat()
+    key = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{CONVERTER_VERSION}"
+    return cache_root() / "gguf" / f"{gguf_path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def load_gguf(path: Path, opts: LoadOptions) -> LoadedModel:
+    from model.loading.hf import load_hf_dir
+
+    path = Path(path)
+    target = converted_dir(path)
+    if not (target / "config.json").exists():
+        convert_atomically(path, target)
+    return load_hf_dir(target, opts)

@@ -1,0 +1,112 @@
+"""A GGUF file's metadata: opened with clear errors, mapped to config.json and tokenizer files."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from model.bpe import make_tokenizer, tokenizer_json, vocab_from_gguf
+from model.errors import ModelLoadError
+
+
+@dataclass
+class GGUFFile:
+    path: Path
+    reader: object          # gguf.GGUFReader
+    meta: dict              # key -> plain Python value, tensors excluded
+
+    def get(self, key: str, default=None):
+        return self.meta.get(key, default)
+
+    def need(self, key: str):
+        if key not in self.meta:
+            raise ModelLoadError(f"{self.path}: GGUF metadata {key!r} is missing")
+        return self.meta[key]
+
+
+def open_gguf(path: Path) -> GGUFFile:
+    from gguf import GGUFReader
+
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: no such file")
+    try:
+        reader = GGUFReader(path)
+        meta = {k: f.contents() for k, f in reader.fields.items()}
+    except (ValueError, IndexError, KeyError, OSError, UnicodeDecodeError, OverflowError) as e:
+        raise ModelLoadError(f"{path}: not a readable GGUF file, truncated or corrupt ({e})") from None
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise ModelLoadError(f"{path}: GGUF architecture {arch!r} is not supported (only 'llama': "
+                             "Llama, SmolLM2, Mistral-style models)")
+    return GGUFFile(path, reader, meta)
+
+
+def _f32(x) -> float:
+    # GGUF stores floats as float32; its shortest repr (1e-05, not 9.99999974e-06) is the intended value.
+    return float(str(np.float32(x)))
+
+
+def hf_config(g: GGUFFile, name: str) -> dict:
+    """config.json (Hugging Face LlamaConfig keys) from `llama.*` metadata."""
+    heads = g.need("llama.attention.head_count")
+    kv = g.get("llama.attention.head_count_kv", heads)
+    if not isinstance(heads, int) or not isinstance(kv, int):
+        raise ModelLoadError(f"{g.path}: per-layer head counts are not supported")
+    hidden = g.need("llama.embedding_length")
+    head_dim = g.get("llama.attention.key_length", hidden // heads)
+    if g.get("llama.rope.dimension_count", head_dim) != head_dim:
+        raise ModelLoadError(f"{g.path}: partial rotary (rope.dimension_count != head dim) is not supported")
+    if g.get("llama.rope.scaling.type", "none") not in ("none", None):
+        raise ModelLoadError(f"{g.path}: rope scaling {g.get('llama.rope.scaling.type')!r} is not supported")
+    tokens = g.need("tokenizer.ggml.tokens")
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": hidden, "intermediate_size": g.need("llama.feed_forward_length"),
+        "num_hidden_layers": g.need("llama.block_count"), "num_attention_heads": heads,
+        "num_key_value_heads": kv, "head_dim": head_dim,
+        "rms_norm_eps": _f32(g.need("llama.attention.layer_norm_rms_epsilon")),
+        "rope_theta": _f32(g.get("llama.rope.freq_base", 10000.0)),
+        "max_position_embeddings": g.get("llama.context_length", 2048),
+        "vocab_size": g.get("llama.vocab_size", len(tokens)),
+        "torch_dtype": "float32", "nanochat_tui_name": name,
+    }
+
+
+def default_system(chat_template: str) -> str:
+    """The system prompt a ChatML template inserts when the chat has none (SmolLM2's does)."""
+    m = re.search(r"<\|im_start\|>system(?:\n|\\n)([^'\"{}<]*)<\|im_end\|>", chat_template or "")
+    return m.group(1) if m else ""
+
+
+def tokenizer_files(g: GGUFFile) -> tuple[dict, dict]:
+    """tokenizer.json and tokenizer_config.json contents for the GGUF's vocabulary."""
+    meta = {k: v for k, v in g.meta.items() if k.startswith("tokenizer.ggml.")}
+    if "tokenizer.ggml.tokens" not in meta:
+        raise ModelLoadError(f"{g.path}: the GGUF has no tokenizer")
+    vocab = vocab_from_gguf(meta, str(g.path))
+    tokens = vocab.tokens
+
+    def token(key: str) -> str | None:
+        i = g.get(key)
+        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
+
+    bos, eos = token("tokenizer.ggml.bos_token_id"), token("tokenizer.ggml.eos_token_id")
+    if eos == "<|im_end|>" and "<|endoftext|>" in vocab.special:
+        # ChatML stops on <|im_end|> anyway; naming the end-of-document token as EOS makes the
+        # model's other way of ending (id 0 in SmolLM2) a stop too.
+        eos = "<|endoftext|>"
+    bos, eos = (t if t in vocab.special else None for t in (bos, eos))
+    make_tokenizer(vocab, bos, eos)
+    template = g.get("tokenizer.chat_template", "")
+    config = {
+        "bos_token": bos, "eos_token": eos, "unk_token": token("tokenizer.ggml.unknown_token_id"),
+        "pad_token": token("tokenizer.ggml.padding_token_id"),
+        "add_bos_token": bool(g.get("tokenizer.ggml.add_bos_token", False)),
+        "model_max_length": g.get("llama.context_length", 2048),
+        "chat_template": template, "nanochat_tui_default_system": default_system(template),
+        "tokenizer_class": "GPT2Tokenizer",
+    }
+    return tokenizer_json(vocab, g.get("tokenizer.ggml.pre", "gpt-2")), config
