@@ -37,6 +37,10 @@ def chat_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--system", help="system prompt (default: the model's own)")
     p.add_argument("--context", type=int, help="KV cache capacity in tokens (default: the model's context)")
+    stored = p.add_mutually_exclusive_group()
+    stored.add_argument("--chat", type=int, metavar="ID", help="continue stored chat ID")
+    stored.add_argument("--resume", action="store_true", help="continue the last chat")
+    p.add_argument("--no-store", action="store_true", help="keep nothing: chats are saved after every turn otherwise")
     return p
 
 
@@ -85,9 +89,10 @@ def run_chat(argv: list[str]) -> int:
     args = chat_parser().parse_args(argv)
     if args.headless:
         from chatapp.headless import run_headless
+        from chatapp.resume import open_keeper
 
         session = open_session(args, progress=lambda msg: print(msg, file=sys.stderr))
-        return run_headless(session, sys.stdin.buffer, jsonl=args.jsonl)
+        return run_headless(session, sys.stdin.buffer, jsonl=args.jsonl, keeper=open_keeper(session, args))
     from chatapp.tui.app import ChatApp
 
     ChatApp(args).run()

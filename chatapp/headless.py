@@ -9,10 +9,13 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
-from typing import BinaryIO, TextIO
+from typing import TYPE_CHECKING, BinaryIO, TextIO
 
 from chatapp.events import Error, Event, Quit, TextDelta, to_json
 from chatapp.session import Session
+
+if TYPE_CHECKING:
+    from chatapp.persist import ChatKeeper
 
 
 def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[tuple[str, str] | Error]:
@@ -46,14 +49,17 @@ def emit(ev: Event, out: TextIO) -> None:
     out.flush()
 
 
-def run_headless(session: Session, stream: BinaryIO, jsonl: bool = False, out: TextIO = sys.stdout) -> int:
-    emit_ready(session, out)
+def run_headless(session: Session, stream: BinaryIO, jsonl: bool = False, out: TextIO = sys.stdout,
+                 keeper: ChatKeeper | None = None) -> int:
+    """`keeper` (chatapp/persist.py) stores the chat as it goes and serves /save, /load, /export."""
+    face = keeper or session
+    emit_ready(session, out, keeper.ready_fields() if keeper else {})
     for item in read_inputs(stream, jsonl):
         if isinstance(item, Error):
             emit(item, out)
             continue
         kind, text = item
-        events = session.run_command(text) if kind == "command" else session.send(text)
+        events = face.run_command(text) if kind == "command" else face.send(text)
         for ev in events:
             if isinstance(ev, TextDelta):
                 continue  # the turn event carries the whole reply
@@ -63,6 +69,6 @@ def run_headless(session: Session, stream: BinaryIO, jsonl: bool = False, out: T
     return 0
 
 
-def emit_ready(session: Session, out: TextIO) -> None:
-    out.write(json.dumps({"event": "ready", **session.stats()}) + "\n")
+def emit_ready(session: Session, out: TextIO, extra: dict | None = None) -> None:
+    out.write(json.dumps({"event": "ready", **session.stats(), **(extra or {})}) + "\n")
     out.flush()

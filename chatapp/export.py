@@ -1,0 +1,57 @@
+"""`/export`: a chat as Markdown, for reading and sharing (not for reloading: that is the store)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chatapp.events import ToolCall
+from chatapp.store import StoreError
+
+
+@dataclass
+class Transcript:
+    title: str
+    model: str
+    system: str
+    turns: list[tuple[str, str, list[ToolCall]]] = field(default_factory=list)  # (user, reply, tools)
+    chat_id: int | None = None
+    created: float | None = None
+
+
+def to_markdown(t: Transcript) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(t.created or time.time()))
+    head = [f"# {t.title}", "", f"*{t.model}, {when}" + (f", chat {t.chat_id}*" if t.chat_id else "*"), ""]
+    if t.system:
+        head += ["## System", "", *quote(t.system), ""]
+    body = []
+    for user, reply, tools in t.turns:
+        body += ["## User", "", user.rstrip(), "", "## Assistant", "", reply.rstrip(), ""]
+        for call in tools:
+            body += [f"- calculator: `{call.expr}` = `{call.result}`" if call.result is not None
+                     else f"- calculator: `{call.expr}` (not a valid expression)"]
+        if tools:
+            body.append("")
+    return "\n".join(head + body).rstrip() + "\n"
+
+
+def quote(text: str) -> list[str]:
+    return [f"> {line}" if line else ">" for line in text.splitlines()]
+
+
+def default_name(t: Transcript) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"nanochat-chat-{t.chat_id}.md" if t.chat_id else f"nanochat-chat-{stamp}.md"
+
+
+def export(t: Transcript, dest: str = "") -> Path:
+    """Write the Markdown to `dest` (a file or a folder; default: the current folder)."""
+    path = Path(dest).expanduser() if dest else Path.cwd()
+    if path.is_dir():
+        path = path / default_name(t)
+    try:
+        path.write_text(to_markdown(t), encoding="utf-8")
+    except OSError as e:
+        raise StoreError(f"/export: cannot write {path}: {e.strerror or e}") from None
+    return path

@@ -1,0 +1,261 @@
+"""The chat keeper: a Session's conversation, kept in the store as it goes.
+
+Faces call `keeper.send(text)` / `keeper.run_command(line)` exactly as they would the session's,
+and get the same events, plus `Saved`/`Restored` for /save and /load. Ordering is the point:
+  1. a turn ends (TurnStats) -> the whole chat is committed to SQLite,
+  2. then the turn event is handed on (so a reported turn is always on disk),
+  3. then the KV snapshot is brought up to date (only the new positions are written).
+A failing store (locked, read-only, disk full) yields one clear Error; the conversation stays in
+memory and the next save writes all of it, so nothing is lost and the chat goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from safetensors import SafetensorError
+
+from chatapp.commands import parse_command
+from chatapp.events import Error, Event, Info, Trimmed, TurnStats
+from chatapp.export import Transcript, export
+from chatapp.fingerprint import Fingerprint, ModelIdentity, tokenizer_fingerprint
+from chatapp.restore import Restored, restore
+from chatapp.session import Session
+from chatapp.snapshot import SnapshotWriter, snapshot_bytes
+from chatapp.store import ChatData, ChatStore, Message, StoreError, describe
+from model.errors import UserError
+
+SNAPSHOT_BUDGET = 4 << 30  # snapshots of older chats are pruned past this; those chats re-prefill
+
+
+@dataclass
+class Saved:
+    chat: int
+    title: str
+    messages: int
+    snapshot_tokens: int
+    snapshot_bytes: int
+    event: str = "saved"
+
+
+def default_title(session: Session) -> str:
+    first = " ".join(session.exchanges[0].user.split()) if session.exchanges else "new chat"
+    return first if len(first) <= 48 else first[:47] + "…"
+
+
+class ChatKeeper:
+    def __init__(self, session: Session, store: ChatStore | None, why_no_store: str = "--no-store"):
+        self.session, self.store = session, store
+        self.why_no_store = why_no_store
+        self.fingerprint = Fingerprint(session.lm) if store else None
+        self._tokenizer_fp: str | None = None
+        self.chat_id: int | None = None
+        self.title: str | None = None
+        self.created = 0.0
+        self.writer: SnapshotWriter | None = None
+        self.clean_upto = 0          # cache positions below this are unchanged since the last snapshot
+        self.saved_sig: tuple | None = None
+        self.restored: Restored | None = None
+        self.last_error = ""
+
+    # --- what faces call ----------------------------------------------------------
+    def send(self, text: str) -> Iterator[Event]:
+        yield from self._track(self.session.send(text))
+
+    def run_command(self, line: str) -> Iterator[Event]:
+        try:
+            cmd = parse_command(line)
+        except UserError as e:
+            yield Error(str(e))
+            return
+        if cmd.name == "/save":
+            yield from self.save(cmd.arg)
+        elif cmd.name == "/load":
+            yield from self.load(cmd.arg)
+        elif cmd.name == "/export":
+            yield from self.export(cmd.arg)
+        else:
+            yield from self._track(self.session.run_command(line))
+            if cmd.name in ("/reset", "/system"):
+                self.detach()  # a new chat: the old one stays stored as it was
+            else:
+                yield from self.autosave()
+
+    def cancel(self) -> None:
+        self.session.cancel()
+
+    def ready_fields(self) -> dict:
+        r = self.restored
+        return {"store": str(self.store.path) if self.store else None, "chat": self.chat_id,
+                "title": self.title, "restored_tokens": r.restored_tokens if r else 0,
+                "reprefilled_tokens": r.reprefilled_tokens if r else 0, "restore_detail": r.detail if r else ""}
+
+    # --- the turn's ordering ------------------------------------------------------
+    def _track(self, events: Iterator[Event]) -> Iterator[Event]:
+        s = self.session
+        low = s.cache.pos  # a plain turn only appends: positions below this stay as they were
+        for ev in events:
+            if isinstance(ev, Trimmed):
+                low = 0  # everything kept moved to new positions
+            if not isinstance(ev, TurnStats):
+                yield ev
+                continue
+            if s.exchanges:  # a /retry rewinds to just before the reply and re-feeds one token
+                low = min(low, s.exchanges[-1].reply_start - 1)
+            self.clean_upto = min(self.clean_upto, low)
+            low = s.cache.pos
+            errors = list(self.commit())
+            yield ev
+            yield from errors
+            yield from self.write_snapshot()
+        # an /undo rewinds without a turn; the next write past it must not trust old segments
+        self.clean_upto = min(self.clean_upto, low, s.cache.pos)
+
+    def autosave(self) -> Iterator[Event]:
+        yield from self.commit()
+        yield from self.write_snapshot()
+
+    # --- SQLite -------------------------------------------------------------------
+    def signature(self) -> tuple:
+        s = self.session
+        return len(s.tokens), hash(tuple(s.tokens)), repr(dataclasses.asdict(s.settings)), self.title
+
+    def commit(self, force: bool = False) -> Iterator[Event]:
+        """Store the chat if it changed (an empty new chat is not stored unless forced)."""
+        if self.store is None or not (force or self.session.exchanges or self.chat_id is not None):
+            return
+        if not force and self.signature() == self.saved_sig:
+            return
+        try:
+            self.chat_id = self.store.save(self.chat_data())
+            self.saved_sig = self.signature()
+            self.last_error = ""
+        except StoreError as e:
+            yield from self.report(f"chat not saved: {e}; it stays open and the next save will catch up")
+
+    def chat_data(self) -> ChatData:
+        s = self.session
+        ident = self.identity()
+        msgs = []
+        for ex in s.exchanges:
+            msgs.append(Message("user", ex.user, s.tokens[ex.start:ex.reply_start]))
+            msgs.append(Message("assistant", ex.reply, s.tokens[ex.reply_start:ex.end],
+                                [dataclasses.asdict(c) for c in ex.tool_calls]))
+        self.title = self.title or default_title(s)
+        return ChatData(self.title, s.lm.name, ident.digest, self.tokenizer_fp(),
+                        dataclasses.asdict(s.settings), s.system, s.tokens[:s.prefix_len], s.cache.pos,
+                        msgs, self.chat_id, self.created)
+
+    def identity(self) -> ModelIdentity:
+        assert self.fingerprint is not None
+        return self.fingerprint.get()
+
+    def tokenizer_fp(self) -> str:
+        if self._tokenizer_fp is None:
+            self._tokenizer_fp = tokenizer_fingerprint(self.session.tok)
+        return self._tokenizer_fp
+
+    def report(self, message: str) -> Iterator[Event]:
+        if message != self.last_error:  # once per distinct failure, not after every turn
+            self.last_error = message
+            yield Error(message)
+
+    # --- the KV snapshot ----------------------------------------------------------
+    def write_snapshot(self) -> Iterator[Event]:
+        if self.store is None or self.chat_id is None or self.saved_sig != self.signature():
+            return  # the snapshot only ever follows a chat that SQLite holds
+        if self.writer is None:
+            self.writer = SnapshotWriter(self.store.snapshot_dir(self.chat_id), self.identity())
+        try:
+            self.writer.sync(self.session.cache, self.session.tokens, self.clean_upto)
+            self.clean_upto = self.session.cache.pos
+            self.store.prune_snapshots(keep=self.chat_id, budget_bytes=SNAPSHOT_BUDGET)
+        except (OSError, RuntimeError, ValueError, SafetensorError) as e:
+            self.writer.segments = None  # rescan next time: what is on disk is uncertain now
+            yield from self.report(f"KV snapshot not written: {describe(e)}; the chat is saved and will be "
+                                   "re-prefilled when reopened")
+
+    # --- commands -----------------------------------------------------------------
+    def save(self, title: str) -> Iterator[Event]:
+        if self.store is None:
+            yield Error(f"/save: chats are not stored in this session ({self.why_no_store})")
+            return
+        if title:
+            self.title = " ".join(title.split())
+        self.last_error = ""
+        errors = list(self.commit(force=True))
+        if errors:
+            yield from errors
+            return
+        snap_errors = list(self.write_snapshot())
+        segs = self.writer.segments if self.writer else None
+        size = snapshot_bytes(self.writer.folder) if self.writer else 0
+        yield Saved(self.chat_id, self.title or "", 2 * len(self.session.exchanges), segs[-1].end if segs else 0,
+                    size)
+        yield from snap_errors
+
+    def load(self, arg: str) -> Iterator[Event]:
+        if self.store is None:
+            yield Error(f"/load: chats are not stored in this session ({self.why_no_store})")
+            return
+        try:
+            chat_id = int(arg) if arg else self.store.latest_id(exclude=self.chat_id)
+        except ValueError:
+            yield Error(f"/load: a chat id is a number, got {arg!r}")
+            return
+        except StoreError as e:
+            yield Error(f"/load: {e}")
+            return
+        if chat_id is None:
+            yield Error("/load: no other stored chat")
+            return
+        self.last_error = ""
+        if errors := list(self.commit()):  # never drop a conversation the store does not hold yet
+            yield Error(f"/load: staying in this chat, it could not be saved ({errors[0].message}); "
+                        "/export keeps a copy")
+            return
+        try:
+            restored, errors = self.open(chat_id)
+        except StoreError as e:
+            yield Error(f"/load: {e}")
+            return
+        yield restored
+        yield from errors
+
+    def open(self, chat_id: int) -> tuple[Restored, list[Error]]:
+        """Continue stored chat `chat_id` in this session. StoreError: not found, or cannot fit
+        (the session is unchanged then). The chat is saved again at once: it becomes the latest
+        (what --resume opens), takes this model's identity, and a re-prefilled cache gets its
+        snapshot now rather than after the next turn."""
+        assert self.store is not None
+        chat = self.store.get(chat_id)
+        if chat is None:
+            raise StoreError(f"no stored chat {chat_id}")
+        ident = self.identity()
+        folder = self.store.snapshot_dir(chat_id)
+        self.restored = restore(self.session, chat, ident, folder)
+        self.detach()
+        self.chat_id, self.title, self.created = chat_id, chat.title, chat.created
+        # past what the snapshot gave back, segments on disk are not trusted (one may be corrupt)
+        self.clean_upto = self.restored.restored_tokens
+        self.last_error = ""
+        return self.restored, [e for e in self.autosave() if isinstance(e, Error)]
+
+    def detach(self) -> None:
+        self.chat_id, self.title, self.writer, self.saved_sig = None, None, None, None
+        self.clean_upto, self.created = 0, 0.0
+
+    def export(self, dest: str) -> Iterator[Event]:
+        s = self.session
+        t = Transcript(self.title or default_title(s), s.lm.name, s.system,
+                       [(ex.user, ex.reply, ex.tool_calls) for ex in s.exchanges], self.chat_id,
+                       self.created or None)
+        try:
+            path = export(t, dest)
+        except StoreError as e:
+            yield Error(str(e))
+            return
+        yield Info(f"exported {len(t.turns)} exchanges to {path}", {"path": str(path), "exchanges": len(t.turns)})
+

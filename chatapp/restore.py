@@ -1,0 +1,136 @@
+"""Reopening a stored chat: rebuild the session's token list, then refill its cache.
+
+The cache comes back from the KV snapshot when one is valid for this exact model and these
+exact tokens (bit-identical to the cache that was saved). Whatever the snapshot does not
+cover is re-prefilled from the stored token ids, up to where the cache stood at save time, so
+the reopened session is in the same state as the one that never closed. The `Restored` event
+says which happened and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from chatapp.events import ToolCall
+from chatapp.fingerprint import ModelIdentity, tokenizer_fingerprint
+from chatapp.session import Exchange, Session, Settings
+from chatapp.snapshot import load_chain, plan_chain, scan
+from chatapp.store import ChatData, Message, StoreError
+
+
+@dataclass
+class Restored:
+    chat: int
+    title: str
+    restored_tokens: int      # K/V loaded from the snapshot: not recomputed
+    reprefilled_tokens: int   # recomputed from the stored token ids
+    pending_tokens: int       # left for the next turn's prefill (a reply's closing tokens)
+    messages: int
+    cache_seqlens: int
+    capacity: int
+    detail: str               # why the snapshot was not (fully) used; "" when it was
+    event: str = "load"
+
+    @property
+    def line(self) -> str:
+        """The one line the faces show, e.g. in the cache panel."""
+        if self.reprefilled_tokens == 0 and self.restored_tokens:
+            return f"restored {self.restored_tokens} tokens from snapshot"
+        parts = [f"restored {self.restored_tokens} tokens from snapshot"] if self.restored_tokens else []
+        parts.append(f"re-prefilled {self.reprefilled_tokens} tokens")
+        return ", ".join(parts) + (f" ({self.detail})" if self.detail else "")
+
+
+def pairs(messages: list[Message]) -> list[tuple[Message, Message]]:
+    users = messages[0::2]
+    replies = messages[1::2]
+    return [(u, a) for u, a in zip(users, replies, strict=False) if u.role == "user" and a.role == "assistant"]
+
+
+def stored_conversation(chat: ChatData) -> tuple[list[int], list[Exchange]]:
+    tokens, exchanges = list(chat.prefix_tokens), []
+    for u, a in pairs(chat.messages):
+        start = len(tokens)
+        tokens += u.token_ids
+        reply_start = len(tokens)
+        tokens += a.token_ids
+        calls = [ToolCall(**c) for c in a.tool_calls]
+        exchanges.append(Exchange(u.content, start, reply_start, len(tokens), a.content, calls))
+    return tokens, exchanges
+
+
+def rendered_conversation(session: Session, chat: ChatData) -> tuple[list[int], list[Exchange]]:
+    """The transcript's text through this model's template: for a chat from another tokenizer."""
+    t = session.template
+    tokens, exchanges = t.start(chat.system), []
+    for u, a in pairs(chat.messages):
+        start = len(tokens)
+        tokens += t.user_turn(u.content)
+        reply_start = len(tokens)
+        tokens += session.tok.encode(a.content) + t.end_reply()
+        exchanges.append(Exchange(u.content, start, reply_start, len(tokens), a.content,
+                                  [ToolCall(**c) for c in a.tool_calls]))
+    return tokens, exchanges
+
+
+def fits_template(session: Session, chat: ChatData, tokens: list[int], exchanges: list[Exchange]) -> bool:
+    """The stored ids are this template's rendering of the transcript (replies aside)."""
+    t = session.template
+    closing = t.end_reply()
+    return tokens[:len(chat.prefix_tokens)] == t.start(chat.system) and all(
+        tokens[ex.start:ex.reply_start] == t.user_turn(ex.user) and tokens[ex.end - len(closing):ex.end] == closing
+        for ex in exchanges)
+
+
+def conversation(session: Session, chat: ChatData) -> tuple[list[int], list[Exchange], str]:
+    """The token list and exchanges to adopt, and a note when the stored ids could not be used."""
+    if chat.tokenizer_fingerprint == tokenizer_fingerprint(session.tok):
+        tokens, exchanges = stored_conversation(chat)
+        if fits_template(session, chat, tokens, exchanges):
+            return tokens, exchanges, ""
+        note = "stored tokens do not follow this model's chat template; re-tokenized"
+    else:
+        note = f"made with {chat.model}, another tokenizer; re-tokenized from its text"
+    tokens, exchanges = rendered_conversation(session, chat)
+    return tokens, exchanges, note
+
+
+def apply_settings(session: Session, chat: ChatData) -> None:
+    known = {f.name for f in dataclasses.fields(Settings)}
+    values = {k: v for k, v in chat.settings.items() if k in known}
+    session.settings = Settings(**{**values, "system": chat.system})
+
+
+def restore(session: Session, chat: ChatData, identity: ModelIdentity, folder: Path | None) -> Restored:
+    """Make `session` continue `chat`. Raises StoreError (session unchanged) if it cannot fit."""
+    tokens, exchanges, note = conversation(session, chat)
+    room = session.cache.capacity - 1
+    if len(tokens) > room:
+        raise StoreError(f"chat {chat.id} holds {len(tokens)} tokens, more than this cache's {room} "
+                         "(raise --context)")
+    apply_settings(session, chat)
+    session.adopt(tokens, exchanges)
+    target = len(tokens) if note else min(max(chat.cache_pos, 0), len(tokens))
+    n, why = 0, note
+    if folder is not None and not note:
+        n, why = from_snapshot(session, tokens, identity, folder, target)
+    if n < target:
+        session.gen.prefill(tokens[n:target])
+    return Restored(chat.id, chat.title, n, target - n, len(tokens) - target, len(chat.messages),
+                    session.cache.pos, session.cache.capacity, why)
+
+
+def from_snapshot(session: Session, tokens: list[int], identity: ModelIdentity, folder: Path,
+                  target: int) -> tuple[int, str]:
+    segments, bad = scan(folder)
+    chain, why = plan_chain(segments, tokens, identity, target)
+    if not chain:
+        if bad and not why:
+            why = f"snapshot file {bad[0].name} is unreadable (truncated or corrupt)"
+        return 0, why or ("no snapshot" if target else "")
+    n, load_why = load_chain(session.cache, chain)
+    if n < target and not (load_why or why):
+        why = f"snapshot covers {n} of {target} tokens"
+    return n, load_why or why

@@ -1,0 +1,266 @@
+"""The chats database: one SQLite file (stdlib sqlite3, WAL) of chats and their messages.
+
+A chat is saved whole, in one transaction: the chat row and every message row with its token
+ids. A crash (even `kill -9`) mid-save leaves the previous version intact, and saving the
+whole chat each time means a save that failed (a locked or read-only database) is simply
+caught up by the next one. KV snapshots live next to the database, one folder per chat
+(`chatapp/snapshot.py`); this module only names and deletes those folders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from model.errors import UserError
+
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS chats (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    title TEXT NOT NULL,
+    model TEXT NOT NULL,                 -- the spec it was made with, for people
+    model_fingerprint TEXT NOT NULL,     -- config + weights + dtype + backend (snapshot key)
+    tokenizer_fingerprint TEXT NOT NULL, -- stored token ids are reusable iff this matches
+    settings TEXT NOT NULL,              -- JSON of the session's Settings
+    system TEXT NOT NULL,                -- the system prompt as rendered
+    prefix_tokens TEXT NOT NULL,         -- JSON ids: the conversation's opening (BOS, system)
+    cache_pos INTEGER NOT NULL,          -- cache_seqlens at save: how far a re-prefill goes
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+    content TEXT NOT NULL,
+    token_ids TEXT NOT NULL,             -- JSON ids of this message's span of the token list
+    tool_calls TEXT NOT NULL DEFAULT '[]',
+    PRIMARY KEY (chat_id, seq)
+);
+CREATE INDEX IF NOT EXISTS chats_by_update ON chats(updated);
+"""
+
+
+class StoreError(UserError):
+    """The store cannot do what was asked; the message is one line for the user."""
+
+
+def data_home() -> Path:
+    """`$NANOCHAT_TUI_HOME`, else `$XDG_DATA_HOME/nanochat-tui`, else ~/.local/share/nanochat-tui."""
+    if home := os.environ.get("NANOCHAT_TUI_HOME"):
+        return Path(home).expanduser()
+    return Path(os.environ.get("XDG_DATA_HOME") or "~/.local/share").expanduser() / "nanochat-tui"
+
+
+def chats_dir() -> Path:
+    """Where chats live: `$NANOCHAT_TUI_CHATS` (tests point it at a temp dir), else <home>/chats."""
+    if d := os.environ.get("NANOCHAT_TUI_CHATS"):
+        return Path(d).expanduser()
+    return data_home() / "chats"
+
+
+@dataclass
+class Message:
+    role: str                 # "user" | "assistant"
+    content: str
+    token_ids: list[int]
+    tool_calls: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class ChatData:
+    """A whole chat as stored. `id` None: not stored yet."""
+
+    title: str
+    model: str
+    model_fingerprint: str
+    tokenizer_fingerprint: str
+    settings: dict
+    system: str
+    prefix_tokens: list[int]
+    cache_pos: int
+    messages: list[Message] = field(default_factory=list)
+    id: int | None = None
+    created: float = 0.0
+    updated: float = 0.0
+
+
+@dataclass
+class ChatSummary:
+    id: int
+    title: str
+    model: str
+    updated: float
+    messages: int
+
+
+def describe(e: BaseException) -> str:
+    """sqlite3/OS errors in words a user can act on."""
+    text = str(e)
+    if "locked" in text or "busy" in text:
+        return "the database is locked by another program (another nanochat-tui?)"
+    if "readonly" in text or "read-only" in text:
+        return "the database is read-only"
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror} ({e.filename})" if e.filename else e.strerror
+    return text
+
+
+class ChatStore:
+    def __init__(self, root: Path | None = None, timeout: float = 2.0, read_only: bool | None = None):
+        """`read_only` None: read-only when the database file cannot be written (chats still
+        list and open; saving says why it cannot)."""
+        self.root = Path(root) if root is not None else chats_dir()
+        self.path = self.root / "chats.db"
+        self.lock = threading.Lock()  # the TUI saves from a worker thread and renames from the UI one
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if read_only is None:
+                read_only = self.path.exists() and not os.access(self.path, os.W_OK)
+            target = self.path.resolve().as_uri() + "?mode=ro" if read_only else str(self.path)
+            # check_same_thread off: every use goes through self.lock instead.
+            self.db = sqlite3.connect(target, timeout=timeout, isolation_level=None, check_same_thread=False,
+                                      uri=read_only)
+            self.db.execute("PRAGMA foreign_keys = ON")
+            self._init_schema()
+        except (sqlite3.Error, OSError) as e:
+            raise StoreError(f"cannot open the chats database {self.path}: {describe(e)}") from None
+
+    def _init_schema(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"{self.path} was written by a newer nanochat-tui (schema {version})")
+        if version == SCHEMA_VERSION:
+            self._try_wal()
+            return
+        self._try_wal()
+        # IF NOT EXISTS inside one transaction: two processes creating the store at once both win.
+        self.db.executescript(f"BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+
+    def _try_wal(self) -> None:
+        try:
+            self.db.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.OperationalError:
+            pass  # a read-only database still reads; saving will say why it cannot write
+        # FULL: a turn reported as saved survives a power cut too, not only a killed process.
+        self.db.execute("PRAGMA synchronous = FULL")
+
+    @contextmanager
+    def _guard(self, action: str) -> Iterator[sqlite3.Connection]:
+        with self.lock:
+            try:
+                yield self.db
+            except (sqlite3.Error, OSError) as e:
+                if self.db.in_transaction:
+                    self.db.execute("ROLLBACK")
+                raise StoreError(f"could not {action}: {describe(e)}") from None
+
+    # --- writing ------------------------------------------------------------
+    def save(self, chat: ChatData) -> int:
+        """Insert or replace the whole chat in one transaction; returns its id."""
+        now = time.time()
+        row = (chat.title, chat.model, chat.model_fingerprint, chat.tokenizer_fingerprint,
+               json.dumps(chat.settings), chat.system, json.dumps(chat.prefix_tokens), chat.cache_pos)
+        with self._guard("save the chat") as db:
+            db.execute("BEGIN IMMEDIATE")
+            cur = None
+            if chat.id is not None:
+                cur = db.execute("UPDATE chats SET title=?, model=?, model_fingerprint=?, tokenizer_fingerprint=?,"
+                                 " settings=?, system=?, prefix_tokens=?, cache_pos=?, updated=? WHERE id=?",
+                                 (*row, now, chat.id))
+            if cur is None or cur.rowcount == 0:
+                # New, or deleted meanwhile from another window: (re)insert, so nothing is lost.
+                cur = db.execute("INSERT INTO chats (title, model, model_fingerprint, tokenizer_fingerprint,"
+                                 " settings, system, prefix_tokens, cache_pos, created, updated, id)"
+                                 " VALUES (?,?,?,?,?,?,?,?,?,?,?)", (*row, chat.created or now, now, chat.id))
+                chat.id, chat.created = cur.lastrowid, chat.created or now
+            db.execute("DELETE FROM messages WHERE chat_id = ?", (chat.id,))
+            db.executemany("INSERT INTO messages VALUES (?,?,?,?,?,?)",
+                           [(chat.id, i, m.role, m.content, json.dumps(m.token_ids), json.dumps(m.tool_calls))
+                            for i, m in enumerate(chat.messages)])
+            db.execute("COMMIT")
+        chat.updated = now
+        return chat.id
+
+    def rename(self, chat_id: int, title: str) -> None:
+        title = " ".join(title.split())
+        if not title:
+            raise StoreError("a chat title cannot be empty")
+        with self._guard("rename the chat") as db:
+            if db.execute("UPDATE chats SET title = ? WHERE id = ?", (title, chat_id)).rowcount == 0:
+                raise StoreError(f"no chat {chat_id}")
+
+    def delete(self, chat_id: int) -> None:
+        with self._guard("delete the chat") as db:
+            db.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
+        shutil.rmtree(self.snapshot_dir(chat_id), ignore_errors=True)
+
+    # --- reading ------------------------------------------------------------
+    def get(self, chat_id: int) -> ChatData | None:
+        with self._guard("read the chat") as db:
+            row = db.execute("SELECT id, title, model, model_fingerprint, tokenizer_fingerprint, settings, system,"
+                             " prefix_tokens, cache_pos, created, updated FROM chats WHERE id = ?",
+                             (chat_id,)).fetchone()
+            if row is None:
+                return None
+            msgs = db.execute("SELECT role, content, token_ids, tool_calls FROM messages WHERE chat_id = ?"
+                              " ORDER BY seq", (chat_id,)).fetchall()
+        (cid, title, model, mfp, tfp, settings, system, prefix, cache_pos, created, updated) = row
+        return ChatData(title, model, mfp, tfp, json.loads(settings), system, json.loads(prefix), cache_pos,
+                        [Message(r, c, json.loads(t), json.loads(tc)) for r, c, t, tc in msgs],
+                        cid, created, updated)
+
+    def list(self, limit: int = 500) -> list[ChatSummary]:
+        """Most recently updated first."""
+        with self._guard("list the chats") as db:
+            rows = db.execute("SELECT c.id, c.title, c.model, c.updated, COUNT(m.seq) FROM chats c"
+                              " LEFT JOIN messages m ON m.chat_id = c.id GROUP BY c.id"
+                              " ORDER BY c.updated DESC, c.id DESC LIMIT ?", (limit,)).fetchall()
+        return [ChatSummary(*r) for r in rows]
+
+    def latest_id(self, exclude: int | None = None) -> int | None:
+        with self._guard("read the chats") as db:
+            row = db.execute("SELECT id FROM chats WHERE id IS NOT ? ORDER BY updated DESC, id DESC LIMIT 1",
+                             (exclude,)).fetchone()
+        return row[0] if row else None
+
+    def integrity_check(self) -> str:
+        with self._guard("check the database") as db:
+            return db.execute("PRAGMA integrity_check").fetchone()[0]
+
+    # --- snapshots' home ----------------------------------------------------
+    def snapshot_dir(self, chat_id: int) -> Path:
+        return self.root / "snapshots" / str(chat_id)
+
+    def prune_snapshots(self, keep: int, budget_bytes: int) -> list[int]:
+        """Drop the snapshots of the least recently updated chats until the rest fit the budget.
+        Their chats stay; reopening them re-prefills. Returns the chat ids pruned."""
+        base = self.root / "snapshots"
+        if not base.is_dir():
+            return []
+        sizes = {int(d.name): sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+                 for d in base.iterdir() if d.is_dir() and d.name.isdigit()}
+        order = [c.id for c in self.list(limit=1 << 30) if c.id in sizes]
+        order += [cid for cid in sizes if cid not in order]  # orphans (chat deleted) go first
+        pruned, total = [], sum(sizes.values())
+        for cid in reversed(order):
+            if total <= budget_bytes:
+                break
+            if cid != keep:
+                shutil.rmtree(base / str(cid), ignore_errors=True)
+                total -= sizes[cid]
+                pruned.append(cid)
+        return pruned
+
+    def close(self) -> None:
+        with self.lock:
+            self.db.close()

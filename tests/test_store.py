@@ -1,0 +1,174 @@
+"""The chats database and the keeper that saves into it: real SQLite files, real sessions."""
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from chatapp.events import Error, Info, TurnStats
+from chatapp.persist import ChatKeeper, Saved
+from chatapp.restore import Restored
+from chatapp.session import Session, Settings
+from chatapp.store import ChatData, ChatStore, Message, StoreError, chats_dir, data_home
+
+
+def chat(title="t", n=2) -> ChatData:
+    msgs = []
+    for i in range(n):
+        msgs += [Message("user", f"q{i}", [1, 2, i]), Message("assistant", f"a{i}", [3, i], [{"expr": "1+1",
+                                                                                            "result": "2"}])]
+    return ChatData(title, "random:tiny", "fp", "tfp", {"temperature": 0.0}, "sys", [9, 9], 17, msgs)
+
+
+def turns(events) -> list[TurnStats]:
+    return [e for e in events if isinstance(e, TurnStats)]
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = ChatStore(tmp_path / "chats")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def keeper(tiny, store):
+    return ChatKeeper(Session(tiny, Settings(temperature=0.0, max_new_tokens=6), context=512), store)
+
+
+def test_location_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("NANOCHAT_TUI_CHATS")
+    monkeypatch.setenv("NANOCHAT_TUI_HOME", str(tmp_path / "home"))
+    assert chats_dir() == tmp_path / "home" / "chats"
+    monkeypatch.delenv("NANOCHAT_TUI_HOME")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert data_home() == tmp_path / "xdg" / "nanochat-tui"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    assert data_home() == Path("~/.local/share/nanochat-tui").expanduser()
+
+
+def test_save_get_list_rename_delete(store):
+    a = chat("first")
+    a_id = store.save(a)
+    b_id = store.save(chat("second", n=1))
+    assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    got = store.get(a_id)
+    assert (got.title, got.messages, got.prefix_tokens, got.cache_pos) == ("first", a.messages, [9, 9], 17)
+    assert got.settings == {"temperature": 0.0} and got.created > 0
+    assert [c.id for c in store.list()] == [b_id, a_id]  # most recent first
+    assert store.latest_id() == b_id and store.latest_id(exclude=b_id) == a_id
+    a.messages = a.messages[:2]
+    store.save(a)  # same id: replaces the messages, keeps created
+    assert store.get(a_id).messages == a.messages and store.get(a_id).created == got.created
+    store.rename(a_id, "  renamed   chat ")
+    assert store.get(a_id).title == "renamed chat"
+    with pytest.raises(StoreError, match="empty"):
+        store.rename(a_id, "  ")
+    store.snapshot_dir(a_id).mkdir(parents=True)
+    store.delete(a_id)
+    assert store.get(a_id) is None and not store.snapshot_dir(a_id).exists()
+    assert store.db.execute("SELECT COUNT(*) FROM messages WHERE chat_id = ?", (a_id,)).fetchone()[0] == 0
+    assert store.save(chat("third")) > b_id  # ids are never reused
+    assert store.integrity_check() == "ok"
+
+
+def test_keeper_saves_every_turn_before_reporting_it(keeper, store):
+    seen = []
+    for ev in keeper.send("hello there"):
+        if isinstance(ev, TurnStats):  # the turn is already committed when it is reported
+            seen.append(ChatStore(store.root).get(keeper.chat_id))
+    (stored,) = seen
+    s = keeper.session
+    assert [m.content for m in stored.messages] == ["hello there", s.exchanges[0].reply]
+    assert stored.prefix_tokens + stored.messages[0].token_ids + stored.messages[1].token_ids == s.tokens
+    assert stored.title == "hello there" and stored.cache_pos == s.cache.pos
+
+
+def test_reset_starts_a_new_chat_and_keeps_the_old(keeper, store):
+    list(keeper.send("one"))
+    first = keeper.chat_id
+    list(keeper.run_command("/reset"))
+    assert keeper.chat_id is None and len(store.list()) == 1  # an empty chat is not stored
+    list(keeper.send("two"))
+    assert keeper.chat_id != first and len(store.list()) == 2
+    list(keeper.run_command("/undo"))
+    assert store.get(keeper.chat_id).messages == []  # undo is saved too
+    assert [m.content for m in store.get(first).messages][0] == "one"
+
+
+def test_save_title_export_and_no_store(keeper, tiny, tmp_path):
+    list(keeper.send("hello"))
+    (saved,) = list(keeper.run_command("/save  My   chat"))
+    assert isinstance(saved, Saved) and saved.title == "My chat" and saved.snapshot_tokens == keeper.session.cache.pos
+    (info,) = list(keeper.run_command(f"/export {tmp_path}"))
+    assert isinstance(info, Info)
+    text = Path(info.data["path"]).read_text()
+    assert text.startswith("# My chat\n") and "## User\n\nhello\n" in text
+    assert f"## Assistant\n\n{keeper.session.exchanges[0].reply.rstrip()}" in text
+    bare = ChatKeeper(Session(tiny, Settings(max_new_tokens=2)), None)
+    for cmd in ("/save", "/load 1"):
+        (err,) = list(bare.run_command(cmd))
+        assert isinstance(err, Error) and "not stored" in err.message and "--no-store" in err.message
+    (err,) = list(bare.run_command("/export /no/such/dir/x.md"))
+    assert isinstance(err, Error) and "cannot write" in err.message
+
+
+def test_locked_database_reports_once_loses_nothing_and_catches_up(tiny, tmp_path):
+    store = ChatStore(tmp_path, timeout=0.1)
+    keeper = ChatKeeper(Session(tiny, Settings(temperature=0.0, max_new_tokens=4)), store)
+    list(keeper.send("before the lock"))
+    other = sqlite3.connect(tmp_path / "chats.db", isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    errors = [e for e in keeper.send("while locked") if isinstance(e, Error)]
+    assert len(errors) == 1 and "locked by another program" in errors[0].message
+    assert "\n" not in errors[0].message
+    assert not [e for e in keeper.send("still locked") if isinstance(e, Error)]  # said once
+    (err,) = list(keeper.run_command("/load 1"))  # switching would drop unsaved turns: refused
+    assert "staying in this chat" in err.message
+    other.execute("ROLLBACK")
+    other.close()
+    assert turns(keeper.send("unlocked"))
+    stored = [m.content for m in store.get(keeper.chat_id).messages if m.role == "user"]
+    assert stored == ["before the lock", "while locked", "still locked", "unlocked"]
+
+
+def test_read_only_database_still_lists_and_opens(tiny, tmp_path):
+    rw = ChatStore(tmp_path)
+    keeper = ChatKeeper(Session(tiny, Settings(temperature=0.0, max_new_tokens=4)), rw)
+    list(keeper.send("kept"))
+    rw.close()
+    if os.geteuid() != 0:  # root writes anyway; then the explicit read-only mode stands in
+        os.chmod(tmp_path / "chats.db", 0o444)
+    ro = ChatStore(tmp_path, read_only=True if os.geteuid() == 0 else None)
+    k2 = ChatKeeper(Session(tiny, Settings(max_new_tokens=4)), ro)
+    restored, errors = k2.open(keeper.chat_id)
+    assert isinstance(restored, Restored) and restored.restored_tokens == keeper.session.cache.pos
+    (err,) = errors  # opening re-saves the chat (it becomes the latest): that is refused, once
+    assert "read-only" in err.message and "\n" not in err.message
+    events = list(k2.send("more"))
+    assert turns(events) and not [e for e in events if isinstance(e, Error)]
+    (err,) = [e for e in k2.run_command("/save") if isinstance(e, Error)]  # an explicit save says it again
+    assert "read-only" in err.message
+    assert [m.content for m in ro.get(keeper.chat_id).messages][0] == "kept"
+
+
+def test_unwritable_chats_dir_is_one_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(StoreError, match="cannot open the chats database") as e:
+        ChatStore(blocker / "chats")
+    assert "\n" not in str(e.value)
+
+
+def test_snapshot_write_failure_keeps_the_chat(keeper, store):
+    list(keeper.send("first"))
+    folder = store.snapshot_dir(keeper.chat_id)
+    for p in folder.iterdir():
+        p.unlink()
+    folder.rmdir()
+    folder.write_text("a file where the snapshot folder goes: writes fail like on a full disk")
+    events = list(keeper.send("second"))
+    (err,) = [e for e in events if isinstance(e, Error)]
+    assert err.message.startswith("KV snapshot not written") and "re-prefilled" in err.message
+    assert len(store.get(keeper.chat_id).messages) == 4
