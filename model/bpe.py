@@ -156,9 +156,10 @@ def make_tokenizer(v: BPEVocab, bos: str | None, eos: str | None) -> BPETokenize
 
 def pattern_from_pre_tokenizer(pre: dict | None, where: str) -> str:
     """The tiktoken regex equivalent to a tokenizer.json pre_tokenizer we understand."""
-    steps = (pre or {}).get("pretokenizers", [pre]) if (pre or {}).get("type") == "Sequence" else [pre]
-    kinds = [s.get("type") if s else None for s in steps]
-    last = steps[-1] or {}
+    pre = pre or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    kinds = [s.get("type") for s in steps]
+    last = steps[-1] if steps else {}
     if last.get("type") == "ByteLevel" and last.get("add_prefix_space"):
         raise ModelLoadError(f"{where}: ByteLevel add_prefix_space is not supported")
     if kinds == ["ByteLevel"] and last.get("use_regex", True):
