@@ -94,10 +94,12 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = Non
     g = open_gguf(Path(gguf_path))
     config = hf_config(g, name or Path(gguf_path).stem)
     plan = tensor_plan(g, config)
-    missing = {"model.embed_tokens.weight", "model.norm.weight"} - {s.name for s, _ in plan}
-    if missing:
-        raise ModelLoadError(f"{gguf_path}: missing tensor {sorted(missing)[0]}")
-    config["tie_word_embeddings"] = "lm_head.weight" not in {s.name for s, _ in plan}
+    specs = {s.name: s for s, _ in plan}
+    for needed in ("model.embed_tokens.weight", "model.norm.weight"):
+        if needed not in specs:
+            raise ModelLoadError(f"{gguf_path}: missing tensor {needed}")
+    config["tie_word_embeddings"] = "lm_head.weight" not in specs
+    config["vocab_size"] = specs["model.embed_tokens.weight"].shape[0]   # padded vocabularies included
     tok_json, tok_config = tokenizer_files(g)   # builds the tokenizer once: errors surface now
     if progress:
         progress("read", 1, 1)
@@ -113,12 +115,11 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = Non
                                  "truncated") from None
 
     report = (lambda i: progress("convert", i, len(plan))) if progress else None
-    write_safetensors(out_dir / "model.safetensors", [s for s, _ in plan], produce,
+    write_safetensors(out_dir / "model.safetensors", list(specs.values()), produce,
                       metadata={"format": "pt", "source": Path(gguf_path).name}, on_tensor=report)
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    (out_dir / "tokenizer.json").write_text(json.dumps(tok_json, ensure_ascii=False), encoding="utf-8")
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n",
-                                                   encoding="utf-8")
+    for fname, data in (("config.json", config), ("tokenizer.json", tok_json), ("tokenizer_config.json", tok_config)):
+        text = json.dumps(data, ensure_ascii=False, indent=None if fname == "tokenizer.json" else 2)
+        (out_dir / fname).write_text(text + "\n", encoding="utf-8")
     return out_dir
 
 

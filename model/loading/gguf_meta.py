@@ -61,7 +61,6 @@ def hf_config(g: GGUFFile, name: str) -> dict:
         raise ModelLoadError(f"{g.path}: partial rotary (rope.dimension_count != head dim) is not supported")
     if g.get("llama.rope.scaling.type", "none") not in ("none", None):
         raise ModelLoadError(f"{g.path}: rope scaling {g.get('llama.rope.scaling.type')!r} is not supported")
-    tokens = g.need("tokenizer.ggml.tokens")
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "hidden_size": hidden, "intermediate_size": g.need("llama.feed_forward_length"),
@@ -70,7 +69,6 @@ def hf_config(g: GGUFFile, name: str) -> dict:
         "rms_norm_eps": _f32(g.need("llama.attention.layer_norm_rms_epsilon")),
         "rope_theta": _f32(g.get("llama.rope.freq_base", 10000.0)),
         "max_position_embeddings": g.get("llama.context_length", 2048),
-        "vocab_size": g.get("llama.vocab_size", len(tokens)),
         "torch_dtype": "float32", "nanochat_tui_name": name,
     }
 
