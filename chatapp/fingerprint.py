@@ -46,10 +46,10 @@ class ModelIdentity:
         """Why a snapshot made by `other` cannot go into a cache of this model, or None."""
         if other.config != self.config:
             return "made by a model of another architecture"
+        if other.dtype != self.dtype:  # before weights: the same weights in another dtype hash apart
+            return f"made in {other.dtype}, this session runs {self.dtype}"
         if other.weights != self.weights:
             return "made by a model with other weights"
-        if other.dtype != self.dtype:
-            return f"made in {other.dtype}, this session runs {self.dtype}"
         if other.backend != self.backend:
             return f"made with {other.backend}, this session uses {self.backend}"
         return None

@@ -1,0 +1,94 @@
+"""The chats screen, driven by Textual's pilot in a minimal host app over a real SQLite store."""
+
+import asyncio
+
+from textual.app import App
+
+from chatapp.store import ChatData, ChatStore, Message
+from chatapp.tui.chats_screen import ChatAction, ChatsScreen
+
+
+class Host(App[None]):
+    """Stands in for the chat app: shows the screen and keeps what it dismisses with."""
+
+    def __init__(self, store: ChatStore, current=None):
+        super().__init__()
+        self.store, self.current = store, current
+        self.results: list = []
+
+    def on_mount(self) -> None:
+        self.push_screen(ChatsScreen(self.store, self.current), self.results.append)
+
+
+def fill(store: ChatStore, n: int) -> list[int]:
+    ids = []
+    for i in range(n):
+        msgs = [Message("user", f"question {i}", [1]), Message("assistant", "answer", [2])]
+        ids.append(store.save(ChatData(f"chat {i}", "random:tiny", "fp", "tfp", {}, "sys", [], 0, msgs)))
+    return ids
+
+
+def run(store, current=None, keys=()):
+    async def go():
+        app = Host(store, current)
+        async with app.run_test() as pilot:
+            await pilot.pause()
+            screen = app.screen
+            for k in keys:
+                await pilot.press(*k) if isinstance(k, tuple) else await pilot.press(k)
+                await pilot.pause()
+            rows = [screen.table.get_row_at(i) for i in range(screen.table.row_count)] if app.screen is screen else None
+            return app.results, rows
+    return asyncio.run(go())
+
+
+def test_lists_newest_first_and_opens_the_selected_chat(tmp_path):
+    store = ChatStore(tmp_path)
+    a, b, c = fill(store, 3)
+    results, _ = run(store, keys=["down", "enter"])
+    assert results == [ChatAction("open", b)]  # c is newest and first; down moves to b
+    _, rows = run(store, current=c)
+    assert [r[0] for r in rows] == [str(c), str(b), str(a)] and rows[0][1] == "chat 2 (open)"
+    assert rows[0][3] == "2"  # two messages
+
+
+def test_new_and_escape(tmp_path):
+    store = ChatStore(tmp_path)
+    fill(store, 1)
+    assert run(store, keys=["n"])[0] == [ChatAction("new")]
+    assert run(store, keys=["escape"])[0] == [None]
+
+
+def test_rename_saves_to_the_store_and_escape_cancels(tmp_path):
+    store = ChatStore(tmp_path)
+    (chat_id,) = fill(store, 1)
+    keys = ["r", "ctrl+a", "ctrl+k", *"drafts and notes", "enter"]  # typed letters (n, r, d) stay in the box
+    results, rows = run(store, keys=keys)
+    assert results == [] and store.get(chat_id).title == "drafts and notes" and rows[0][1] == "drafts and notes"
+    run(store, keys=["r", "x", "escape"])
+    assert store.get(chat_id).title == "drafts and notes"
+
+
+def test_delete_needs_two_presses_and_spares_the_open_chat(tmp_path):
+    store = ChatStore(tmp_path)
+    a, b = fill(store, 2)
+    store.snapshot_dir(a).mkdir(parents=True)
+    _, rows = run(store, current=b, keys=["d"])  # b is first: open, so refused
+    assert len(rows) == 2 and store.get(b) is not None
+    _, rows = run(store, current=b, keys=["down", "d"])  # armed only
+    assert len(rows) == 2
+    _, rows = run(store, current=b, keys=["down", "d", "d"])
+    assert [r[0] for r in rows] == [str(b)] and store.get(a) is None and not store.snapshot_dir(a).exists()
+
+
+def test_empty_store_says_so(tmp_path):
+    async def go():
+        app = Host(ChatStore(tmp_path))
+        async with app.run_test() as pilot:
+            await pilot.pause()
+            hint = str(app.screen.query_one("#chats-hint").render())
+            await pilot.press("enter")  # nothing to open: nothing happens
+            await pilot.pause()
+            return hint, app.results
+    hint, results = asyncio.run(go())
+    assert "No stored chats yet" in hint and results == []

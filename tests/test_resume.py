@@ -1,0 +1,70 @@
+"""Stored chats in headless mode, through real subprocesses: --resume, --chat, /save, /load,
+restored_tokens in the JSON, --no-store, and a chats dir that cannot be written."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BASE = [sys.executable, "-m", "chatapp.cli", "--headless", "--model", "random:tiny", "--temperature", "0",
+        "--max-new-tokens", "6"]
+
+
+def headless(stdin: str, *extra: str, chats: Path):
+    env = {**os.environ, "NANOCHAT_TUI_CHATS": str(chats)}
+    p = subprocess.run(BASE + list(extra), input=stdin.encode(), capture_output=True, timeout=120, env=env)
+    return p, [json.loads(line) for line in p.stdout.decode().splitlines()]
+
+
+def test_resume_continues_from_the_snapshot_and_reports_restored_tokens(tmp_path):
+    p, ev = headless("hello\n/save Greeting\nsecond\n", chats=tmp_path)
+    assert p.returncode == 0, p.stderr.decode()
+    assert [e["event"] for e in ev] == ["ready", "turn", "saved", "turn"]
+    assert ev[0]["chat"] is None and ev[0]["restored_tokens"] == 0
+    assert ev[0]["store"] == str(tmp_path / "chats.db")
+    assert ev[2]["chat"] == 1 and ev[2]["title"] == "Greeting" and ev[2]["snapshot_tokens"] == ev[1]["cache_seqlens"]
+    last = ev[3]
+
+    p, ev = headless("third\n", "--resume", chats=tmp_path)
+    assert p.returncode == 0, p.stderr.decode()
+    ready, turn = ev
+    assert (ready["chat"], ready["title"]) == (1, "Greeting")
+    assert ready["restored_tokens"] == last["cache_seqlens"] and ready["reprefilled_tokens"] == 0
+    assert turn["cached_before"] == last["cache_seqlens"]  # the history came from the snapshot
+    assert turn["prefill_tokens"] < 40  # only the new message (and the last reply's closing tokens)
+
+    # a new chat, then /load switches back; /load with a bad id keeps going
+    p, ev = headless("/reset\nother chat\n/load 1\n/load 99\n/load abc\n", "--chat", "1", chats=tmp_path)
+    kinds = [e["event"] for e in ev]
+    assert kinds == ["ready", "reset", "turn", "load", "error", "error"], ev
+    load = ev[3]
+    assert load["chat"] == 1 and load["messages"] == 6 and load["restored_tokens"] == turn["cache_seqlens"]
+    assert "no stored chat 99" in ev[4]["message"] and "is a number" in ev[5]["message"]
+    chats = subprocess.run(["sqlite3", str(tmp_path / "chats.db"), "select id, title from chats"],
+                           capture_output=True, text=True)
+    if chats.returncode == 0:  # the sqlite3 shell is optional
+        assert chats.stdout.splitlines() == ["1|Greeting", "2|other chat"]
+
+
+def test_no_store_writes_nothing_and_flags_are_checked(tmp_path):
+    chats = tmp_path / "chats"
+    p, ev = headless("hello\n/save\n", "--no-store", chats=chats)
+    assert p.returncode == 0 and not chats.exists()
+    assert ev[0]["store"] is None and ev[2]["event"] == "error" and "--no-store" in ev[2]["message"]
+    p, ev = headless("", "--no-store", "--resume", chats=chats)
+    assert p.returncode == 1 and ev == []
+    assert p.stderr.decode().strip() == "nanochat-tui: error: --no-store cannot be combined with --chat or --resume"
+    p, _ = headless("", "--chat", "5", chats=chats)
+    assert p.returncode == 1 and p.stderr.decode().strip() == "nanochat-tui: error: no stored chat 5"
+
+
+def test_unwritable_chats_dir_warns_and_the_chat_goes_on(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where a folder should be")
+    p, ev = headless("hello\n", chats=blocker / "chats")
+    assert p.returncode == 0 and [e["event"] for e in ev] == ["ready", "turn"]
+    err = p.stderr.decode()
+    assert "warning: chats will not be saved: cannot open the chats database" in err and "Traceback" not in err
+    p, ev = headless("", "--resume", chats=blocker / "chats")
+    assert p.returncode == 1 and "Traceback" not in p.stderr.decode()

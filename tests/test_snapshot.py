@@ -1,0 +1,200 @@
+"""KV snapshots: bit-identical round trips (also across processes), only new positions written,
+and every bad snapshot (corrupt, truncated, another model's) caught and re-prefilled."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from chatapp.persist import ChatKeeper
+from chatapp.session import Session, Settings
+from chatapp.snapshot import MAX_SEGMENTS
+from chatapp.store import ChatStore
+from model.llama import LlamaConfig
+from model.loading import load_model
+from model.loading.base import LoadedModel, LoadOptions
+from model.loading.random import PRESETS, random_llama
+from tests.test_session import assert_invariant, assert_transcript
+
+FIX = Path(__file__).parent / "fixtures" / "nanochat"
+
+
+def new_keeper(lm, store, context=1024) -> ChatKeeper:
+    return ChatKeeper(Session(lm, Settings(temperature=0.0, max_new_tokens=8), context=context), store)
+
+
+def talk(keeper: ChatKeeper, *msgs: str) -> None:
+    for m in msgs:
+        events = list(keeper.send(m))
+        assert not [e for e in events if getattr(e, "event", "") == "error"], events
+
+
+def reopen(lm, store, chat_id, context=1024):
+    k = new_keeper(lm, store, context)
+    restored, errors = k.open(chat_id)
+    assert not errors
+    return k, restored
+
+
+def assert_same_cache(a: Session, b: Session):
+    pos = a.cache.pos
+    assert b.cache.pos == pos and b.tokens == a.tokens
+    assert torch.equal(a.cache.k_cache[:, :, :pos], b.cache.k_cache[:, :, :pos])
+    assert torch.equal(a.cache.v_cache[:, :, :pos], b.cache.v_cache[:, :, :pos])
+    for name, buf in a.cache.state.items():
+        assert torch.equal(buf[:, :pos], b.cache.state[name][:, :pos])
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = ChatStore(tmp_path)
+    yield s
+    s.close()
+
+
+RESTORE_SCRIPT = """
+import json, sys
+from safetensors.torch import save_file
+from chatapp.persist import ChatKeeper
+from chatapp.session import Session, Settings
+from chatapp.store import ChatStore
+from model.loading import load_model
+root, chat_id, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+k = ChatKeeper(Session(load_model("random:tiny"), Settings(), context=1024), ChatStore(root))
+r, _ = k.open(chat_id)
+c = k.session.cache
+save_file({"k": c.k_cache[:, :, :c.pos].contiguous(), "v": c.v_cache[:, :, :c.pos].contiguous()}, out)
+reply = [e for e in k.send("and one more") if getattr(e, "event", "") == "turn"][0].reply
+print(json.dumps({"restored": r.restored_tokens, "reprefilled": r.reprefilled_tokens, "reply": reply}))
+"""
+
+
+def test_round_trip_in_a_new_process_is_bit_identical_and_continues_the_same(tiny, store, tmp_path):
+    k = new_keeper(tiny, store)
+    talk(k, "hello", "tell me more", "and then?")
+    out = tmp_path / "restored.safetensors"
+    p = subprocess.run([sys.executable, "-c", RESTORE_SCRIPT, str(store.root), str(k.chat_id), str(out)],
+                       capture_output=True, timeout=120, check=True)
+    child = json.loads(p.stdout)
+    pos = k.session.cache.pos
+    assert child["restored"] == pos and child["reprefilled"] == 0
+    got = load_file(str(out))
+    assert torch.equal(got["k"], k.session.cache.k_cache[:, :, :pos])
+    assert torch.equal(got["v"], k.session.cache.v_cache[:, :, :pos])
+    (turn,) = [e for e in k.send("and one more") if getattr(e, "event", "") == "turn"]
+    assert child["reply"] == turn.reply  # greedy: the same continuation as the chat that never closed
+
+
+def test_snapshot_is_the_filled_prefix_and_a_turn_writes_only_its_positions(tiny, store):
+    k = new_keeper(tiny, store)
+    folder, c = store.snapshot_dir(1), k.session.cache
+    sizes = []
+    for i in range(4):
+        before = c.pos
+        talk(k, f"message {i}")
+        seg = k.writer.segments[-1]
+        assert (seg.start, seg.end) == (before, c.pos)  # only the new positions
+        sizes.append(sum(p.stat().st_size for p in folder.iterdir()))
+    overhead = 4096 * len(k.writer.segments)
+    assert c.bytes_used <= sizes[-1] <= c.bytes_used + overhead
+    assert sizes[-1] < c.bytes_allocated / 4
+
+
+def test_retry_undo_and_trim_are_rewritten_and_restore_bit_identically(tiny, store):
+    k = new_keeper(tiny, store, context=256)
+    k.session.settings = Settings(temperature=0.8, seed=3, max_new_tokens=8)
+    talk(k, "one", "two")
+    steps = [("cmd", "/retry"), ("cmd", "/undo"), ("send", "three"), ("cmd", "/retry"),
+             ("send", "x" * 90), ("send", "y" * 90), ("send", "z" * 90)]  # the last ones trim
+    for kind, arg in steps:
+        events = list(k.run_command(arg) if kind == "cmd" else k.send(arg))
+        assert not [e for e in events if getattr(e, "event", "") == "error"], events
+        k2, restored = reopen(tiny, store, k.chat_id, context=256)
+        assert restored.restored_tokens == k.session.cache.pos and restored.reprefilled_tokens == 0
+        assert_same_cache(k.session, k2.session)
+        assert_transcript(k2.session)
+    assert any(getattr(e, "event", "") == "trim" for e in events) or k.session.exchanges[0].user != "one"
+
+
+def test_many_turns_compact_into_fewer_files(tiny, store):
+    k = new_keeper(tiny, store, context=2048)
+    talk(k, *[f"m{i}" for i in range(MAX_SEGMENTS + 2)])
+    files = list(store.snapshot_dir(k.chat_id).iterdir())
+    assert len(files) <= MAX_SEGMENTS
+    k2, restored = reopen(tiny, store, k.chat_id, context=2048)
+    assert restored.reprefilled_tokens == 0
+    assert_same_cache(k.session, k2.session)
+
+
+def segments(store, chat_id):
+    return sorted(p for p in store.snapshot_dir(chat_id).iterdir() if p.suffix == ".safetensors")
+
+
+def test_corrupt_segment_is_caught_re_prefilled_and_then_replaced(tiny, store):
+    k = new_keeper(tiny, store)
+    talk(k, "one", "two", "three")
+    last = segments(store, k.chat_id)[-1]
+    data = bytearray(last.read_bytes())
+    data[-100] ^= 0xFF  # one flipped bit pattern inside the tensor data
+    last.write_bytes(bytes(data))
+    start = int(last.name.split("-")[0])
+    k2, r = reopen(tiny, store, k.chat_id)
+    assert "corrupt (checksum mismatch)" in r.detail and r.line.startswith(f"restored {start} tokens")
+    assert (r.restored_tokens, r.reprefilled_tokens) == (start, k.session.cache.pos - start)
+    assert_invariant(k2.session)
+    k3, r3 = reopen(tiny, store, k.chat_id)  # opening rewrote the bad segment
+    assert r3.reprefilled_tokens == 0 and r3.detail == ""
+    assert_same_cache(k2.session, k3.session)
+
+
+def test_truncated_snapshot_re_prefills_everything(tiny, store):
+    k = new_keeper(tiny, store)
+    talk(k, "one", "two")
+    first = segments(store, k.chat_id)[0]
+    first.write_bytes(first.read_bytes()[:300])
+    k2, r = reopen(tiny, store, k.chat_id)
+    assert r.restored_tokens == 0 and r.reprefilled_tokens == k.session.cache.pos
+    assert "unreadable" in r.detail and r.line.startswith(f"re-prefilled {k.session.cache.pos} tokens")
+    assert_invariant(k2.session)
+    torch.testing.assert_close(k2.session.cache.k_cache[:, :, :k.session.cache.pos],
+                               k.session.cache.k_cache[:, :, :k.session.cache.pos], atol=1e-5, rtol=1e-4)
+
+
+def test_another_models_snapshot_is_never_loaded(tiny, store):
+    k = new_keeper(tiny, store)
+    talk(k, "one", "two")
+    pos = k.session.cache.pos
+    other = LoadedModel(random_llama(LlamaConfig(**PRESETS["tiny"]), LoadOptions(), seed=1), tiny.tokenizer,
+                        tiny.template, "random:tiny-seed1", tiny.context_length)
+    k2, r = reopen(other, store, k.chat_id)
+    assert r.restored_tokens == 0 and r.reprefilled_tokens == pos
+    assert r.detail == "snapshot made by a model with other weights"
+    assert k2.session.tokens == k.session.tokens  # same tokenizer: the stored ids are reused
+    assert_invariant(k2.session)
+    bf16 = load_model("random:tiny", LoadOptions(dtype=torch.bfloat16))
+    _, r = reopen(bf16, store, k.chat_id)
+    assert r.restored_tokens == 0 and r.detail == "snapshot made in float32, this session runs bfloat16"
+    _, r = reopen(bf16, store, k.chat_id)  # the snapshot now belongs to the model that opened it last
+    assert r.restored_tokens == pos and r.reprefilled_tokens == 0
+    assert store.get(k.chat_id).model == "random:tiny"
+
+
+@pytest.mark.skipif(not (FIX / "head").is_dir(), reason="nanochat fixtures not present")
+def test_nanochat_state_buffers_travel_with_the_snapshot(tiny, store):
+    lm = load_model(str(FIX / "head"), LoadOptions(tokenizer=str(FIX / "tokenizer" / "tokenizer.pkl"), attn="sdpa"))
+    k = new_keeper(lm, store, context=256)
+    talk(k, "What is 2+2?", "And 3+3?")
+    assert k.session.cache.state  # the previous-token buffer nanochat's smear reads
+    k2, r = reopen(lm, store, k.chat_id, context=256)
+    assert r.reprefilled_tokens == 0
+    assert_same_cache(k.session, k2.session)
+    # a chat from another tokenizer comes back re-tokenized from its text, and says so
+    k3, r = reopen(tiny, store, k.chat_id)
+    assert r.restored_tokens == 0 and "another tokenizer; re-tokenized" in r.detail
+    assert [ex.user for ex in k3.session.exchanges] == ["What is 2+2?", "And 3+3?"]
+    assert_transcript(k3.session)
+    assert_invariant(k3.session)
