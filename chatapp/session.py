@@ -188,11 +188,21 @@ class Session:
         removed = len(self.tokens) - self._len_without(drop)
         del self.tokens[cut_from:cut_from + removed]
         self.exchanges = self.exchanges[drop:]
-        for ex in self.exchanges:
-            ex.start, ex.reply_start, ex.end = ex.start - removed, ex.reply_start - removed, ex.end - removed
+        self._shift(-removed)
+        if self.exchanges:  # families without a system role (nanochat) carry it in the first user turn
+            first = self.exchanges[0]
+            head = self.template.user_turn(first.user, self.system)
+            self.tokens[first.start:first.reply_start] = head
+            self._shift(len(head) - (first.reply_start - first.start), keep_first_start=True)
         self.cache.reset()
         self.gen.prefill(self.tokens)
         yield Trimmed(drop, removed, len(self.tokens), self.cache.pos, self.cache.capacity)
+
+    def _shift(self, delta: int, keep_first_start: bool = False) -> None:
+        for j, ex in enumerate(self.exchanges):
+            if not (keep_first_start and j == 0):
+                ex.start += delta
+            ex.reply_start, ex.end = ex.reply_start + delta, ex.end + delta
 
     def _len_without(self, n: int) -> int:
         """Length of the token list if the n oldest exchanges were dropped."""

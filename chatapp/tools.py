@@ -27,7 +27,7 @@ class ToolRunner:
             return []
         if tok == self.ids["python_start"]:
             self.expr = []
-        elif tok == self.ids["python_end"] and self.expr is not None:
+        elif tok == self.ids["python_end"] and self.expr:  # an empty call is ignored, as nanochat does
             from chatapp.calculator import evaluate
 
             expr = self.tok.decode(self.expr)
@@ -36,6 +36,8 @@ class ToolRunner:
             self.calls.append(self.new_call)
             if self.new_call.result is not None:
                 return [self.ids["output_start"], *self.tok.encode(self.new_call.result), self.ids["output_end"]]
+        elif tok == self.ids["python_end"]:
+            self.expr = None
         elif self.expr is not None:
             self.expr.append(tok)
         return []

@@ -21,7 +21,7 @@ class FlashBackend:
     def can_serve(self, q: torch.Tensor, window_size: tuple[int, int], softcap: float) -> bool:
         if not q.is_cuda or q.dtype not in self.dtypes:
             return False
-        if window_size != (-1, -1) and not self.windows:
+        if window_size[0] >= 0 and not self.windows:  # (-1, 0) under causal is no window at all
             return False
         return softcap == 0 or self.softcap
 

@@ -167,3 +167,23 @@ def test_user_text_cannot_inject_special_tokens(session):
     im_end = session.tok.token("<|im_end|>")
     user_span = session.tokens[session.exchanges[0].start:session.exchanges[0].reply_start]
     assert user_span.count(im_end) == 1  # only the template's own end marker
+
+
+def test_trim_keeps_a_folded_system_prompt(tmp_path):
+    """nanochat has no system role: the prompt rides in the first user turn, and must still be
+    there after the oldest exchanges are dropped."""
+    from pathlib import Path
+
+    from model.loading import load_model
+    from model.loading.base import LoadOptions
+
+    fx = Path(__file__).parent / "fixtures" / "nanochat"
+    lm = load_model(str(fx / "head"), LoadOptions(tokenizer=str(fx / "tokenizer" / "tokenizer.pkl")))
+    s = Session(lm, Settings(temperature=0.0, max_new_tokens=10, system="Be brief."), context=120)
+    trimmed = []
+    for i in range(8):
+        trimmed += [e for e in run(s.send(f"question {i} about things")) if isinstance(e, Trimmed)]
+        first = s.exchanges[0]
+        assert s.tokens[first.start:first.reply_start] == s.template.user_turn(first.user, "Be brief.")
+        assert_invariant(s)
+    assert trimmed
