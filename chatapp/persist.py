@@ -129,7 +129,8 @@ class ChatKeeper:
         if not force and self.signature() == self.saved_sig:
             return
         try:
-            self.chat_id = self.store.save(self.chat_data())
+            data = self.chat_data()
+            self.chat_id, self.created = self.store.save(data), data.created
             self.saved_sig = self.signature()
             self.last_error = ""
         except StoreError as e:
@@ -169,9 +170,10 @@ class ChatKeeper:
         if self.writer is None:
             self.writer = SnapshotWriter(self.store.snapshot_dir(self.chat_id), self.identity())
         try:
-            self.writer.sync(self.session.cache, self.session.tokens, self.clean_upto)
+            synced = self.writer.sync(self.session.cache, self.session.tokens, self.clean_upto)
             self.clean_upto = self.session.cache.pos
-            self.store.prune_snapshots(keep=self.chat_id, budget_bytes=SNAPSHOT_BUDGET)
+            if synced.written:
+                self.store.prune_snapshots(keep=self.chat_id, budget_bytes=SNAPSHOT_BUDGET)
         except (OSError, RuntimeError, ValueError, SafetensorError) as e:
             self.writer.segments = None  # rescan next time: what is on disk is uncertain now
             yield from self.report(f"KV snapshot not written: {describe(e)}; the chat is saved and will be "

@@ -172,3 +172,24 @@ def test_snapshot_write_failure_keeps_the_chat(keeper, store):
     (err,) = [e for e in events if isinstance(e, Error)]
     assert err.message.startswith("KV snapshot not written") and "re-prefilled" in err.message
     assert len(store.get(keeper.chat_id).messages) == 4
+
+
+def test_a_chat_longer_than_the_context_is_refused_and_nothing_changes(keeper, tiny, store):
+    for i in range(4):
+        list(keeper.send(f"a fairly long message number {i} to fill the cache"))
+    small = ChatKeeper(Session(tiny, Settings(max_new_tokens=4), context=128), store)
+    list(small.send("mine"))
+    before = list(small.session.tokens)
+    (err,) = list(small.run_command(f"/load {keeper.chat_id}"))
+    assert isinstance(err, Error) and "more than this cache's 127" in err.message and "--context" in err.message
+    assert small.session.tokens == before and small.chat_id != keeper.chat_id
+
+
+def test_snapshots_past_the_budget_go_oldest_first_never_the_open_chat(store):
+    ids = [store.save(chat(f"c{i}")) for i in range(3)]
+    for cid in ids:
+        store.snapshot_dir(cid).mkdir(parents=True)
+        (store.snapshot_dir(cid) / "00000000-00000010.safetensors").write_bytes(b"x" * 1000)
+    assert store.prune_snapshots(keep=ids[0], budget_bytes=2500) == [ids[1]]  # ids[0] is oldest but open
+    assert store.snapshot_dir(ids[0]).exists() and store.snapshot_dir(ids[2]).exists()
+    assert store.prune_snapshots(keep=ids[2], budget_bytes=5000) == []
