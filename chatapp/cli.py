@@ -6,8 +6,6 @@ import argparse
 import json
 import sys
 
-import torch
-
 from model.errors import UserError
 
 SUBCOMMANDS = ("pull", "tokenize", "bench")
@@ -45,6 +43,8 @@ def chat_parser() -> argparse.ArgumentParser:
 
 
 def load_options(args: argparse.Namespace):
+    import torch  # here, not at the top: the TUI's first frame must not wait for torch
+
     from model.loading.base import LoadOptions
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")

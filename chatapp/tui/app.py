@@ -1,0 +1,272 @@
+"""The Textual face of the session: a transcript, an input box and a live KV-cache panel.
+
+All conversation logic lives in `Session`. This app only forwards input to
+`session.send` / `session.run_command` in a worker thread and renders the events that
+come back (batched by `bridge.pump`). See docs/tui.md for the threading model.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from typing import Any
+
+from textual import work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Header
+
+from chatapp.commands import COMMANDS, parse_command
+from chatapp.events import CacheState, Error, Event, Info, Quit, ToolCall, Trimmed, TurnStats
+from chatapp.tui.bridge import Gate, SessionEvent, TextBatch, TurnFinished, pump
+from chatapp.tui.cache_panel import CachePanel, read_memory
+from chatapp.tui.input import ChatInput
+from chatapp.tui.screens import ErrorScreen, HelpScreen
+from chatapp.tui.transcript import LoadStatus, Transcript
+from model.errors import UserError
+
+Opener = Callable[[argparse.Namespace, Callable[[object], None]], Any]
+
+PANEL_REFRESH_S = 0.25  # the panel updates at least 4 times a second while the model writes
+NEEDS_ARGUMENT = ("/system", "/set")
+
+
+class Loaded(Message):
+    def __init__(self, session) -> None:
+        super().__init__()
+        self.session = session
+
+
+class LoadProgress(Message):
+    """A line from the loader; a pull's progress events also carry the fraction done."""
+
+    def __init__(self, progress: object) -> None:
+        super().__init__()
+        self.text = str(progress)
+        self.fraction: float | None = getattr(progress, "fraction", None)
+
+
+class LoadFailed(Message):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+
+class ChatApp(App[None]):
+    CSS_PATH = "app.tcss"
+    TITLE = "nanochat-tui"
+    BINDINGS = [
+        Binding("escape", "stop", "Stop reply"),
+        Binding("f1", "help", "Help"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+    ]
+
+    def __init__(self, args: argparse.Namespace, stable: bool = False, opener: Opener | None = None) -> None:
+        """`stable=True` hides figures that differ between runs (memory, timings): snapshots.
+        `opener(args, progress)` makes the session (default: `chatapp.cli.open_session`)."""
+        super().__init__()
+        self.args = args
+        self.stable = stable
+        self.opener = opener
+        self.session = None
+        self.busy = False
+        self.turn_kind = ""
+        self.batches = 0  # TextBatch messages received, for tests and docs
+        self.inputs_done = 0  # messages and commands the session has finished with
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="main"):
+            with Vertical(id="chat"):
+                yield Transcript(id="transcript")
+                yield ChatInput(id="input", disabled=True, placeholder="Loading the model…")
+            yield CachePanel(self.stable, id="panel")
+        yield Footer()
+
+    @property
+    def transcript(self) -> Transcript:
+        return self.query_one(Transcript)
+
+    @property
+    def panel(self) -> CachePanel:
+        return self.query_one(CachePanel)
+
+    @property
+    def input(self) -> ChatInput:
+        return self.query_one(ChatInput)
+
+    async def on_mount(self) -> None:
+        spec = self.args.model or "the default model"
+        self.sub_title = f"loading {spec}"
+        await self.transcript.mount(LoadStatus(f"Loading {spec}…"))
+        self.panel_timer = self.set_interval(PANEL_REFRESH_S, self.refresh_panel, pause=True)
+        self.input.cursor_blink = not self.stable  # a blinking cursor would make snapshots flaky
+        self.load_session()
+
+    # --- loading -------------------------------------------------------------------
+    @work(thread=True, exit_on_error=False)
+    def load_session(self) -> None:
+        """In a thread: importing torch, a first-run pull and loading weights take seconds."""
+        try:
+            if (opener := self.opener) is None:
+                from chatapp.cli import open_session as opener  # imports torch: not on the first frame
+            session = opener(self.args, lambda p: self.post_message(LoadProgress(p)))
+        except UserError as e:
+            self.post_message(LoadFailed(str(e)))
+        except Exception as e:  # a failed load is shown as one line, never a traceback
+            self.post_message(LoadFailed(f"{type(e).__name__}: {e}"))
+        else:
+            self.post_message(Loaded(session))
+
+    def on_load_progress(self, msg: LoadProgress) -> None:
+        for status in self.transcript.query(LoadStatus):
+            status.show(msg.text, msg.fraction)
+
+    async def on_load_failed(self, msg: LoadFailed) -> None:
+        self.sub_title = "no model"
+        await self.transcript.query(LoadStatus).remove()
+        await self.transcript.notice(msg.text, "error")
+        self.push_screen(ErrorScreen(msg.text))
+
+    async def on_loaded(self, msg: Loaded) -> None:
+        s = self.session = msg.session
+        tools = s.template.tool_tokens or {}
+        self.transcript.markers = {name: s.tok.decode([i]) for name, i in tools.items()}
+        self.sub_title = s.lm.name
+        await self.transcript.remove_children()
+        await self.transcript.notice(f"{s.lm.name} is ready. Enter sends, Ctrl+J adds a line, "
+                                     "Esc stops a reply, F1 shows help.", "dim")
+        self.input.disabled = False
+        self.input.placeholder = "Message, or /help"
+        self.input.focus()
+        self.refresh_panel()
+
+    # --- input -------------------------------------------------------------------------
+    async def on_chat_input_submitted(self, msg: ChatInput.Submitted) -> None:
+        if await self.submit(msg.text):
+            self.input.accept(msg.text)
+
+    async def submit(self, text: str) -> bool:
+        """Send a message or run a command; False if the app cannot take it now."""
+        if self.session is None:
+            self.notify("The model is still loading.", severity="warning")
+            return False
+        if self.busy:
+            self.notify("The model is still writing: press Esc to stop it first.", severity="warning")
+            return False
+        if text.lstrip().startswith("/"):
+            return await self.command(text.strip())
+        await self.transcript.add_user(text)
+        self.start_turn(partial(self.session.send, text), "send")
+        return True
+
+    async def command(self, line: str) -> bool:
+        try:
+            name = parse_command(line).name
+        except UserError:
+            name = ""  # the session reports it, in the same words as headless mode
+        if name == "/help":
+            self.action_help()
+        elif name == "/quit":
+            self.action_quit()
+        else:
+            self.start_turn(partial(self.session.run_command, line), "command")
+        return True
+
+    def start_turn(self, events: Callable[[], Iterator[Event]], kind: str) -> None:
+        self.busy, self.turn_kind = True, kind
+        self.panel_timer.resume()
+        self.gate = Gate()
+        self.run_turn(events, self.gate)
+
+    @work(thread=True, exclusive=True, group="turn", exit_on_error=False)
+    def run_turn(self, events: Callable[[], Iterator[Event]], gate: Gate) -> None:
+        pump(events(), self.post_message, gate)
+
+    # --- session events ----------------------------------------------------------------
+    async def on_text_batch(self, msg: TextBatch) -> None:
+        self.batches += 1
+        await (await self.transcript.reply()).write(msg.text)
+        self.call_after_refresh(self.gate.drawn)
+
+    async def on_session_event(self, msg: SessionEvent) -> None:
+        ev, t = msg.event, self.transcript
+        if isinstance(ev, ToolCall):
+            await (await t.reply()).add_tool_call(ev)
+        elif isinstance(ev, TurnStats):
+            await (await t.reply()).finish(ev)
+            self.panel.show_turn(ev)
+        elif isinstance(ev, CacheState):
+            await self.on_cache_state(ev)
+        elif isinstance(ev, Trimmed):
+            t.mark_dropped(ev.dropped_exchanges)
+            await t.notice(f"Context full: dropped the {ev.dropped_exchanges} oldest exchange(s) and "
+                           f"re-prefilled {ev.reprefilled_tokens} tokens.", "warning")
+        elif isinstance(ev, Info):
+            await t.notice(ev.text)
+        elif isinstance(ev, Error):
+            await self.on_error(ev)
+        elif isinstance(ev, Quit):
+            self.action_quit()
+        self.refresh_panel()
+
+    async def on_cache_state(self, ev: CacheState) -> None:
+        t = self.transcript
+        if ev.event in ("reset", "system"):
+            await t.clear()
+            self.panel.clear_turns()
+            await t.notice(ev.detail or "New chat: the cache is empty.", "dim")
+        elif ev.event == "retry":
+            await t.remove_last_reply()
+        elif ev.event == "undo":
+            await t.remove_last_exchange()
+        elif ev.detail:
+            await t.notice(ev.detail, "dim")
+
+    async def on_error(self, ev: Error) -> None:
+        if self.turn_kind == "send" and (text := await self.transcript.drop_unanswered()) is not None:
+            if not self.input.text:
+                self.input.load_text(text)  # refused: give the message back to edit
+        await self.transcript.notice(ev.message, "error")
+
+    def on_turn_finished(self, msg: TurnFinished) -> None:
+        self.busy = False
+        self.inputs_done += 1
+        self.panel_timer.pause()
+        self.refresh_panel()
+
+    def refresh_panel(self) -> None:
+        if self.session is not None:
+            stats = self.session.stats()
+            self.panel.show_stats(stats, read_memory(stats["device"]))
+
+    # --- actions -----------------------------------------------------------------------
+    def action_stop(self) -> None:
+        if self.busy and self.session is not None:
+            self.session.cancel()
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_quit(self) -> None:
+        if self.session is not None:
+            self.session.cancel()  # the worker thread ends after its current token
+        self.exit()
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for name, desc in COMMANDS.items():
+            yield SystemCommand(name, desc, partial(self.palette_command, name))
+
+    async def palette_command(self, name: str) -> None:
+        if name in NEEDS_ARGUMENT:
+            self.input.load_text(name + " ")
+            self.input.move_cursor(self.input.document.end)
+            self.input.focus()
+        else:
+            await self.submit(name)

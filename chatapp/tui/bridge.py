@@ -1,0 +1,100 @@
+"""From the session's event stream (in a worker thread) to batched, thread-safe UI messages.
+
+A reply can stream hundreds of tokens a second. Posting one message per token would flood
+the event loop and re-render Markdown per token, so text deltas are joined and posted at
+most every `interval` seconds; every other event flushes the text first, to keep order.
+`post` is `App.post_message`, which is safe to call from any thread and never blocks.
+
+The `Gate` adds back-pressure: one batch is in flight at a time, and the next waits at least
+twice as long as the UI took to draw the last one. Drawing holds the GIL, and a decode step
+waits for the GIL between torch ops, so a UI that is never idle would slow the model down;
+this keeps the UI busy at most about half the time, whatever the terminal's speed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from textual.message import Message
+
+from chatapp.events import Error, Event, TextDelta
+
+BATCH_INTERVAL_S = 0.05
+
+
+class TextBatch(Message):
+    """Reply text: one or more deltas, joined."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+
+class SessionEvent(Message):
+    """Any other session event (tool call, turn stats, cache state, info, error, quit)."""
+
+    def __init__(self, event: Event) -> None:
+        super().__init__()
+        self.event = event
+
+
+class TurnFinished(Message):
+    """The worker is done with one input: the UI may take the next one."""
+
+
+class Gate:
+    """One text batch in flight. The worker calls `ready`/`sent`; the UI calls `drawn`."""
+
+    def __init__(self, interval: float = BATCH_INTERVAL_S, clock: Callable[[], float] = time.monotonic):
+        self.interval, self.clock = interval, clock
+        self._open = threading.Event()
+        self._open.set()
+        self.sent_at = float("-inf")  # the first delta goes out at once: time to first token is felt
+        self.draw_s = 0.0
+
+    def ready(self) -> bool:
+        wait = max(self.interval, 2 * self.draw_s)
+        return self._open.is_set() and self.clock() - self.sent_at >= wait
+
+    def sent(self) -> None:
+        self._open.clear()
+        self.sent_at = self.clock()
+
+    def drawn(self) -> None:
+        """From the UI thread, once the batch is on screen."""
+        self.draw_s = self.clock() - self.sent_at
+        self._open.set()
+
+
+def pump(events: Iterable[Event], post: Callable[[Message], object], gate: Gate | None = None) -> int:
+    """Drain `events` into `post`; returns how many TextBatch messages were posted."""
+    gate = gate or Gate()
+    pending: list[str] = []
+    batches = 0
+
+    def flush() -> None:
+        nonlocal batches
+        if pending:
+            gate.sent()
+            post(TextBatch("".join(pending)))
+            pending.clear()
+            batches += 1
+
+    try:
+        for ev in events:
+            if isinstance(ev, TextDelta):
+                pending.append(ev.text)
+                if gate.ready():
+                    flush()
+            else:
+                flush()
+                post(SessionEvent(ev))
+    except Exception as e:  # a bug in a turn must not take the whole UI down with it
+        flush()
+        post(SessionEvent(Error(f"internal error: {type(e).__name__}: {e}")))
+    finally:
+        flush()
+        post(TurnFinished())
+    return batches

@@ -1,0 +1,145 @@
+"""The side panel "KV cache": what the model's memory is doing, live.
+
+Values come from `Session.stats()` (refreshed on a timer while the model writes, and after
+every command), the last `TurnStats` event, and the process's memory. With `stable=True`
+(snapshot tests) the figures that change from run to run (memory, timings) are hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.content import Content
+from textual.widgets import Label, ProgressBar, Sparkline, Static
+
+from chatapp.events import TurnStats
+
+LABEL_WIDTH = 14
+HIDDEN = "(hidden)"
+HISTORY = 32  # turns in the sparkline
+
+
+@dataclass
+class Memory:
+    rss: int
+    cuda_allocated: int | None = None
+    cuda_reserved: int | None = None
+
+
+def read_memory(device: str) -> Memory:
+    import psutil
+
+    mem = Memory(psutil.Process().memory_info().rss)
+    if device.startswith("cuda"):
+        import torch
+
+        mem.cuda_allocated = torch.cuda.memory_allocated(device)
+        mem.cuda_reserved = torch.cuda.memory_reserved(device)
+    return mem
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+class Row(Static):
+    """`label     value`, one line; the value is plain text, never markup.
+
+    A row never changes size (one line, cut with an ellipsis), so an update repaints it
+    without a relayout of the screen: the panel refreshes 4 times a second while decoding."""
+
+    def __init__(self, label: str, id: str) -> None:
+        super().__init__(id=id)
+        self.label = label
+        self.value = ""
+        self.set("—")
+
+    def set(self, value: str) -> None:
+        if value == self.value:
+            return  # most rows never change: skip the relayout
+        self.value = value
+        self.update(Content.assemble((f"{self.label:<{LABEL_WIDTH}}", "dim"), value), layout=False)
+
+
+class CachePanel(VerticalScroll):
+    """Shown at the right of the chat; every field has an id so tests can read it."""
+
+    def __init__(self, stable: bool = False, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.stable = stable
+        self.prefills: list[int] = []
+        self.border_title = "KV cache"
+
+    def compose(self) -> ComposeResult:
+        yield Row("model", "model")
+        yield Row("device", "device")
+        yield Row("backend", "backend")
+        yield Row("cache_seqlens", "cache_seqlens")
+        yield ProgressBar(id="fill", show_eta=False)
+        yield Row("shape", "shape")
+        yield Label("(layers, B, T, H, D)", classes="hint")
+        yield Row("dtype", "dtype")
+        yield Row("KV in use", "kv_used")
+        yield Row("KV allocated", "kv_allocated")
+        yield Row("process RSS", "rss")
+        yield Row("cuda alloc", "cuda_allocated")
+        yield Row("cuda reserved", "cuda_reserved")
+        yield Label("last turn", classes="section")
+        yield Row("prefill", "prefill")
+        yield Row("cached", "cached")
+        yield Row("TTFT", "ttft")
+        yield Row("speed", "speed")
+        yield Label("prefill tokens per turn", classes="section")
+        yield Row("turns", "turns")
+        yield Sparkline([], id="history")
+
+    def row(self, id: str) -> Row:
+        return self.query_one(f"#{id}", Row)
+
+    def show_stats(self, stats: dict, memory: Memory | None) -> None:
+        """Everything but the last turn: from `Session.stats()`."""
+        pos, cap = stats["cache_seqlens"], stats["capacity"]
+        self.row("model").set(stats["model"])
+        self.row("device").set(stats["device"])
+        self.row("backend").set(stats["backend"].upper())
+        self.row("cache_seqlens").set(f"{pos} / {cap}")
+        self.query_one("#fill", ProgressBar).update(total=cap, progress=pos)
+        self.row("shape").set("(" + ", ".join(map(str, stats["shape"])) + ")")
+        self.row("dtype").set(stats["dtype"])
+        self.row("kv_used").set(human_bytes(stats["kv_bytes_used"]))
+        self.row("kv_allocated").set(human_bytes(stats["kv_bytes_allocated"]))
+        cuda = memory is not None and memory.cuda_allocated is not None
+        for id in ("cuda_allocated", "cuda_reserved"):
+            self.row(id).display = cuda
+        if memory is None:
+            return
+        self.row("rss").set(HIDDEN if self.stable else human_bytes(memory.rss))
+        if cuda:
+            self.row("cuda_allocated").set(HIDDEN if self.stable else human_bytes(memory.cuda_allocated))
+            self.row("cuda_reserved").set(HIDDEN if self.stable else human_bytes(memory.cuda_reserved))
+
+    def show_turn(self, st: TurnStats) -> None:
+        self.row("prefill").set(f"{st.prefill_tokens} new")
+        self.row("cached").set(f"{st.cached_before} reused")
+        self.row("ttft").set(HIDDEN if self.stable else f"{st.ttft_ms:.1f} ms")
+        self.row("speed").set(HIDDEN if self.stable else f"{st.tokens_per_s:.1f} tok/s")
+        self.prefills.append(st.prefill_tokens)
+        self._show_history()
+
+    def clear_turns(self) -> None:
+        """A new chat: the last-turn figures and the history belong to the old one."""
+        for id in ("prefill", "cached", "ttft", "speed"):
+            self.row(id).set("—")
+        self.prefills.clear()
+        self._show_history()
+
+    def _show_history(self) -> None:
+        p = self.prefills
+        self.row("turns").set(f"{len(p)}, max {max(p)}, last {p[-1]}" if p else "—")
+        self.query_one("#history", Sparkline).data = p[-HISTORY:]

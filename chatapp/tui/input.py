@@ -1,0 +1,73 @@
+"""The multi-line input box: Enter sends, Ctrl+J inserts a newline, Up/Down recall history.
+
+Terminals send the same byte for Enter and Shift+Enter unless they speak the kitty keyboard
+protocol, so the newline key that works everywhere is Ctrl+J; Shift+Enter and Alt+Enter
+also work where the terminal reports them. A bracketed paste arrives as one Paste event,
+so a pasted text with newlines is inserted whole and never sent line by line.
+"""
+
+from __future__ import annotations
+
+from textual import events
+from textual.binding import Binding
+from textual.message import Message
+from textual.widgets import TextArea
+
+
+class ChatInput(TextArea):
+    BINDINGS = [
+        Binding("enter", "submit", "Send", priority=False),
+        Binding("ctrl+j,shift+enter,alt+enter", "newline", "Newline"),
+    ]
+
+    class Submitted(Message):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
+        self.past: list[str] = []  # sent messages (TextArea.history is its undo stack)
+        self.recalled: int | None = None  # index into `past` while browsing it
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            # Keep TextArea from inserting a newline; the Enter binding (send) then runs.
+            event.prevent_default()
+        elif event.key in ("up", "down") and self._browsing():
+            event.stop()
+            event.prevent_default()
+            self._recall(-1 if event.key == "up" else 1)
+
+    def _browsing(self) -> bool:
+        """Up/Down walk the history when the box is empty or still shows a recalled entry."""
+        if not self.text:
+            return bool(self.past)
+        return self.recalled is not None and self.text == self.past[self.recalled]
+
+    def _recall(self, step: int) -> None:
+        last = len(self.past)
+        i = (last if self.recalled is None else self.recalled) + step
+        if i >= last:
+            self.recalled = None
+            self.load_text("")
+            return
+        self.recalled = max(i, 0)
+        self.load_text(self.past[self.recalled])
+        self.move_cursor(self.document.end)
+
+    def action_submit(self) -> None:
+        text = self.text
+        if not text.strip():
+            return
+        self.post_message(self.Submitted(text))
+
+    def accept(self, text: str) -> None:
+        """The app took the text: remember it and empty the box."""
+        if not self.past or self.past[-1] != text:
+            self.past.append(text)
+        self.recalled = None
+        self.load_text("")
+
+    def action_newline(self) -> None:
+        self.insert("\n")

@@ -1,0 +1,62 @@
+"""The help screen (commands and keys) and the error screen (a model that failed to load)."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.content import Content
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Footer, Label, Static
+
+from chatapp.commands import COMMANDS
+
+KEYS = [
+    ("Enter", "send the message (or run the /command)"),
+    ("Ctrl+J", "new line in the message (Shift+Enter, Alt+Enter: where the terminal sends them)"),
+    ("Up / Down", "recall earlier messages when the box is empty"),
+    ("Esc", "stop the reply being written; the partial reply is kept"),
+    ("Ctrl+P", "command palette: every /command"),
+    ("Tab", "move focus to the transcript to scroll it (PageUp, PageDown, mouse wheel)"),
+    ("F1", "this help"),
+    ("Ctrl+Q", "quit"),
+]
+
+
+def help_content() -> Content:
+    """Two aligned tables, commands then keys, taken from the session's own command list."""
+    width = max(len(name) for name in [*COMMANDS, *(k for k, _ in KEYS)]) + 2
+    lines: list[Content] = [Content.styled("Commands", "bold")]
+    lines += [Content.assemble((f"{name:<{width}}", "bold $accent"), desc) for name, desc in COMMANDS.items()]
+    lines += [Content(""), Content.styled("Keys", "bold")]
+    lines += [Content.assemble((f"{key:<{width}}", "bold $accent"), desc) for key, desc in KEYS]
+    return Content("\n").join(lines)
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help"):
+            yield Static(help_content())
+            yield Label("Esc closes this help.", classes="hint")
+
+    async def action_dismiss(self, result: None = None) -> None:
+        self.dismiss(result)
+
+
+class ErrorScreen(Screen[None]):
+    """A readable line instead of a traceback. The app cannot go on, so it offers to quit."""
+
+    BINDINGS = [Binding("escape,q,enter", "app.quit", "Quit", show=False)]
+
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="error"):
+            yield Label("The model could not be loaded", classes="title")
+            yield Static(Content(self.message), id="error-message")
+            yield Label("Press q, Esc or Enter to quit.", classes="hint")
+        yield Footer()

@@ -1,0 +1,234 @@
+"""The scrolling conversation: user messages, streamed Markdown replies, tool calls, notices.
+
+The transcript mirrors the session's exchanges one to one (so /retry and /undo can remove
+the right widgets), but it holds no conversation logic: the app tells it what happened.
+"""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.content import Content
+from textual.widgets import Markdown, ProgressBar, Static
+from textual.widgets.markdown import MarkdownStream
+
+from chatapp.events import ToolCall, TurnStats
+
+STOP_NOTES = {"cancel": "stopped (Esc)", "length": "cut at max_new_tokens"}
+
+
+class ToolMarkup:
+    """Splits streamed reply text into visible text and tool spans.
+
+    nanochat writes <|python_start|>expr<|python_end|> and gets <|output_start|>result
+    <|output_end|> forced after it. Those spans are hidden from the Markdown; the ToolCall
+    event shows them as a widget of their own. Special tokens always arrive whole in one
+    delta, so a marker is never split across two batches.
+    """
+
+    def __init__(self, markers: dict[str, str] | None) -> None:
+        m = markers or {}
+        self.closers = {m[a]: m[b] for a, b in (("python_start", "python_end"), ("output_start", "output_end"))
+                        if a in m and b in m}
+        self.closing: str | None = None  # inside a span: the marker that ends it
+
+    def feed(self, text: str) -> list[str | None]:
+        """Visible pieces of `text`, with None where a tool span begins."""
+        out: list[str | None] = []
+        while text:
+            if self.closing is not None:
+                end = text.find(self.closing)
+                if end < 0:
+                    return out
+                text, self.closing = text[end + len(self.closing):], None
+                continue
+            hits = [(i, m) for m in self.closers if (i := text.find(m)) >= 0]
+            if not hits:
+                out.append(text)
+                break
+            i, opener = min(hits)
+            out += [text[:i], None] if i else [None]
+            text, self.closing = text[i + len(opener):], self.closers[opener]
+        return out
+
+
+class UserMessage(Static):
+    def __init__(self, text: str) -> None:
+        super().__init__(Content(text))  # plain text: what the user typed, not markup
+        self.text = text
+        self.border_title = "you"
+
+
+class ToolCallView(Static):
+    def __init__(self, call: ToolCall) -> None:
+        result = call.result if call.result is not None else "(invalid expression, no output)"
+        super().__init__(Content.assemble(("calculator  ", "bold"), call.expr, "  →  ", (result, "bold")))
+        self.call = call
+
+
+class Notice(Static):
+    """A one-line info or error note in the transcript."""
+
+    def __init__(self, text: str, kind: str = "info") -> None:
+        super().__init__(Content(text), classes=kind)
+        self.text = text
+
+
+class LoadStatus(Vertical):
+    """Shown while the model loads: a line of text, and a bar once a pull reports a fraction."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.note = Notice(text, "dim")
+        self.bar = ProgressBar(total=1.0, show_eta=False)
+        self.bar.display = False
+
+    def compose(self) -> ComposeResult:
+        yield self.note
+        yield self.bar
+
+    def show(self, text: str, fraction: float | None) -> None:
+        self.note.update(Content(text))
+        if fraction is not None:
+            self.bar.display = True
+            self.bar.update(progress=fraction)
+
+
+class Segment:
+    """One Markdown block of a reply and its stream (a tool call starts a new one)."""
+
+    def __init__(self, widget: Markdown) -> None:
+        self.widget = widget
+        self.stream: MarkdownStream | None = Markdown.get_stream(widget)
+        self.parts: list[str] = []
+
+    async def close(self) -> None:
+        if self.stream is not None:
+            await self.stream.stop()
+            self.stream = None
+
+
+class Reply(Vertical):
+    """An assistant reply: Markdown streamed in place, then one full update at the end."""
+
+    def __init__(self, markers: dict[str, str] | None = None, title: str = "assistant") -> None:
+        super().__init__()
+        self.markup = ToolMarkup(markers)
+        self.segments: list[Segment] = []
+        self.open: Segment | None = None
+        self.finished = False
+        self.border_title = title
+
+    @property
+    def text(self) -> str:
+        """The visible reply text so far, tool spans left out."""
+        return "".join("".join(s.parts) for s in self.segments)
+
+    async def write(self, text: str) -> None:
+        for piece in self.markup.feed(text):
+            if piece is None:
+                await self._close_open()
+            elif piece and (self.open or piece.strip()):
+                seg = await self._open_segment()
+                seg.parts.append(piece)
+                await seg.stream.write(piece)
+
+    async def add_tool_call(self, call: ToolCall) -> None:
+        await self._close_open()
+        await self.mount(ToolCallView(call))
+
+    async def finish(self, stats: TurnStats) -> None:
+        """The final full update: each block re-rendered once from its whole text."""
+        await self._close_open()
+        for seg in self.segments:
+            await seg.widget.update("".join(seg.parts))
+        if not self.segments and not stats.tool_calls:
+            await self.mount(Notice("(empty reply)", "dim"))
+        if note := STOP_NOTES.get(stats.stop):
+            self.border_subtitle = note
+        self.finished = True
+
+    async def _open_segment(self) -> Segment:
+        if self.open is None:
+            widget = Markdown()
+            await self.mount(widget)
+            self.open = Segment(widget)
+            self.segments.append(self.open)
+        return self.open
+
+    async def _close_open(self) -> None:
+        if self.open is not None:
+            await self.open.close()
+            self.open = None
+
+
+class Exchange:
+    def __init__(self, user: UserMessage) -> None:
+        self.user = user
+        self.reply: Reply | None = None
+
+
+class Transcript(VerticalScroll, can_focus=True):
+    """Anchored to the bottom while replies stream, until the user scrolls up."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.exchanges: list[Exchange] = []
+        self.markers: dict[str, str] | None = None  # tool markers of the loaded model's template
+
+    def on_mount(self) -> None:
+        self.anchor()
+
+    async def add_user(self, text: str) -> None:
+        ex = Exchange(UserMessage(text))
+        self.exchanges.append(ex)
+        await self.mount(ex.user)
+
+    def open_reply(self) -> Reply | None:
+        """The reply being written, if any."""
+        ex = self.exchanges[-1] if self.exchanges else None
+        return ex.reply if ex and ex.reply and not ex.reply.finished else None
+
+    async def reply(self) -> Reply:
+        """The reply being written, started on first use."""
+        if (r := self.open_reply()) is not None:
+            return r
+        r = Reply(self.markers)
+        self.exchanges[-1].reply = r
+        await self.mount(r)
+        return r
+
+    async def notice(self, text: str, kind: str = "info") -> None:
+        await self.mount(Notice(text, kind))
+
+    async def drop_unanswered(self) -> str | None:
+        """The session refused the last message: take it back off the screen."""
+        if self.exchanges and self.exchanges[-1].reply is None:
+            ex = self.exchanges.pop()
+            await ex.user.remove()
+            return ex.user.text
+        return None
+
+    async def remove_last_reply(self) -> None:
+        if self.exchanges and (r := self.exchanges[-1].reply) is not None:
+            self.exchanges[-1].reply = None
+            await r.remove()
+
+    async def remove_last_exchange(self) -> None:
+        if self.exchanges:
+            ex = self.exchanges.pop()
+            await ex.user.remove()
+            if ex.reply is not None:
+                await ex.reply.remove()
+
+    def mark_dropped(self, n: int) -> None:
+        """The oldest n exchanges left the context: they stay visible, dimmed."""
+        for ex in self.exchanges[:n]:
+            for w in (ex.user, ex.reply):
+                if w is not None:
+                    w.add_class("dropped")
+        del self.exchanges[:n]
+
+    async def clear(self) -> None:
+        self.exchanges.clear()
+        await self.remove_children()

@@ -1,0 +1,44 @@
+"""A real-terminal smoke test: the INSTALLED `nanochat-tui` in tmux, on random:tiny."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from tmux_driver import Tmux, installed_script, shell_around
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+
+@pytest.fixture
+def tui():
+    exe = installed_script()
+    if exe is None:
+        pytest.skip("the nanochat-tui console script is not installed (pip install -e .)")
+    argv = [exe, "--model", "random:tiny", "--seed", "1", "--max-new-tokens", "24", "--temperature", "0"]
+    term = Tmux(shell_around(argv))
+    yield term
+    term.close()
+
+
+def test_chat_reset_and_quit_in_a_real_terminal(tui):
+    tui.wait_for(r"random:tiny is ready")
+    tui.wait_for(r"cache_seqlens\s+0 / 2048")
+    tui.type("hello there")
+    tui.press("Enter")
+    tui.wait_for(r"turns\s+1, max")  # the panel saw the turn end
+    screen = tui.capture()
+    assert "hello there" in screen and "assistant" in screen and "cut at max_new_tokens" in screen
+    seqlens = int(tui.wait_for(r"cache_seqlens\s+(\d+) / 2048").group(1))
+    assert seqlens > 24
+
+    tui.type("/reset")
+    tui.press("Enter")
+    tui.wait_for(r"cache_seqlens\s+0 / 2048")
+    screen = tui.capture()
+    assert "New chat" in screen and "hello there" not in screen
+
+    tui.press("C-q")
+    done = tui.wait_for(r"EXIT=(\d+) TTY=(\w+)", timeout=30)
+    assert done.groups() == ("0", "restored")
+    assert "KV cache" not in tui.capture()  # the alternate screen is gone

@@ -1,0 +1,273 @@
+"""Pilot tests: the real ChatApp, the real session and engine on random:tiny (no mocks)."""
+
+from __future__ import annotations
+
+import pytest
+from textual import events
+from textual.widgets import Sparkline
+from tui_pilot import make_app, notices, ready, row, submit, until
+
+from chatapp.cli import chat_parser
+from chatapp.events import ToolCall
+from chatapp.tui.app import ChatApp
+from chatapp.tui.screens import ErrorScreen, HelpScreen
+from chatapp.tui.transcript import ToolCallView, UserMessage
+
+SIZE = (120, 40)
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def replies(app) -> list[str]:
+    return [ex.reply.text for ex in app.transcript.exchanges if ex.reply is not None]
+
+
+async def test_chat_turns_reach_transcript_and_panel():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        s = app.session
+        await submit(pilot, "hello there")
+        assert [w.text for w in app.transcript.query(UserMessage)] == ["hello there"]
+        assert replies(app) == [s.exchanges[0].reply] and s.exchanges[0].reply
+        assert row(app, "cache_seqlens") == f"{s.cache.pos} / {s.cache.capacity}"
+        first = s.history[-1]
+
+        await submit(pilot, "and again")
+        st = s.history[-1]
+        # Turn 2 prefills only its new tokens: the pending end of reply 1 and its own user turn.
+        new = len(s.template.end_reply()) + len(s.template.user_turn("and again"))
+        assert st.prefill_tokens == new and st.cached_before == first.cache_seqlens
+        assert row(app, "prefill") == f"{new} new"
+        assert row(app, "cached") == f"{first.cache_seqlens} reused"
+        assert row(app, "cache_seqlens") == f"{s.cache.pos} / {s.cache.capacity}"
+        assert replies(app) == [ex.reply for ex in s.exchanges]
+        assert app.query_one("#history", Sparkline).data == [first.prefill_tokens, new]
+        assert row(app, "turns") == f"2, max {first.prefill_tokens}, last {new}"
+        assert row(app, "model") == "random:tiny" and row(app, "backend") == "SDPA"
+        assert row(app, "shape") == "(2, 1, 2048, 2, 16)" and row(app, "dtype") == "float32"
+        assert row(app, "rss").endswith("MiB")
+
+
+async def test_reset_brings_panel_and_cache_to_zero():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await submit(pilot, "hi")
+        assert app.session.cache.pos > 0
+        await submit(pilot, "/reset")
+        assert app.session.cache.pos == 0
+        assert row(app, "cache_seqlens") == "0 / 2048" and row(app, "kv_used") == "0 B"
+        assert row(app, "prefill") == "—"
+        assert not app.transcript.query(UserMessage) and app.transcript.exchanges == []
+        assert app.query_one("#history", Sparkline).data == []
+
+
+async def test_retry_and_undo_move_the_cache_as_the_session_says():
+    app = make_app("--temperature", "1")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        s = app.session
+        await submit(pilot, "one")
+        await submit(pilot, "two")
+        reply_start = s.exchanges[1].reply_start
+        old_reply = app.transcript.exchanges[1].reply
+
+        await submit(pilot, "/retry")
+        assert s.history[-1].cached_before == reply_start - 1  # rewound, one token re-fed for logits
+        assert len(app.transcript.exchanges) == 2 and app.transcript.exchanges[1].reply is not old_reply
+        assert replies(app) == [ex.reply for ex in s.exchanges]
+        assert row(app, "cache_seqlens") == f"{s.cache.pos} / 2048"
+
+        await submit(pilot, "/undo")
+        assert len(s.exchanges) == 1 and s.cache.pos <= s.exchanges[0].end
+        assert [w.text for w in app.transcript.query(UserMessage)] == ["one"]
+        assert row(app, "cache_seqlens") == f"{s.cache.pos} / 2048"
+
+
+async def test_escape_cancels_and_the_next_turn_continues_from_the_partial_reply():
+    app = make_app("--max-new-tokens", "100000", "--temperature", "1")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        s = app.session
+        await pilot.press(*"write a lot", "enter")
+        await until(pilot, lambda: app.batches > 0, what="the first streamed text")
+        await pilot.press("escape")
+        await until(pilot, lambda: not app.busy, what="the cancelled turn to end")
+        st = s.history[-1]
+        assert st.stop == "cancel" and 0 < st.decode_tokens < s.cache.capacity // 2
+        reply = app.transcript.exchanges[0].reply
+        assert reply.text == s.exchanges[0].reply and reply.border_subtitle == "stopped (Esc)"
+
+        await submit(pilot, "go on")  # still usable, and the partial reply stayed in the cache
+        assert s.history[-1].cached_before == st.cache_seqlens
+        assert row(app, "cache_seqlens") == f"{s.cache.pos} / 2048"
+
+
+async def test_unknown_command_and_bad_setting_show_one_line_errors():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await submit(pilot, "/bogus")
+        await submit(pilot, "/set temperature=9")
+        assert notices(app, "error") == ["unknown command /bogus; try /help",
+                                         "temperature must be a number from 0 to 5, got '9'"]
+        assert app.session.cache.pos == 0 and app.session.turns == 0  # nothing went to the model
+        assert app.input.text == ""
+
+
+async def test_help_screen_from_key_and_command():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+        await pilot.press(*"/help", "enter")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+
+
+async def test_model_that_fails_to_load_shows_an_error_screen():
+    app = make_app("--model", "random:nope")
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, ErrorScreen), what="the error screen")
+        message = app.screen.message
+        assert message.startswith("unknown random preset 'nope'") and "\n" not in message
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+async def test_enter_sends_ctrl_j_adds_a_line_and_up_recalls():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("a", "ctrl+j", "b")
+        assert app.input.text == "a\nb" and app.inputs_done == 0
+        await pilot.press("enter")
+        await until(pilot, lambda: app.inputs_done == 1)
+        assert app.session.exchanges[0].user == "a\nb" and app.input.text == ""
+        await submit(pilot, "second")
+        await pilot.press("up")
+        assert app.input.text == "second"
+        await pilot.press("up")
+        assert app.input.text == "a\nb"
+        await pilot.press("down", "down")
+        assert app.input.text == ""
+
+
+async def test_large_paste_is_one_message():
+    app = make_app()
+    text = "\n".join(f"line {i}: " + "lorem ipsum " * 6 for i in range(20))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        app.post_message(events.Paste(text))  # as the terminal driver delivers it: to the app
+        await until(pilot, lambda: app.input.text == text, what="the paste")
+        assert app.inputs_done == 0  # its newlines did not send anything
+        await pilot.press("enter")
+        await until(pilot, lambda: app.inputs_done == 1 and not app.busy)
+        assert app.session.exchanges[0].user == text.strip()
+
+
+async def test_too_long_message_is_refused_and_given_back():
+    app = make_app("--context", "64")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        app.post_message(events.Paste("x" * 200))
+        await until(pilot, lambda: app.input.text == "x" * 200)
+        await pilot.press("enter")
+        await until(pilot, lambda: app.inputs_done == 1)
+        await pilot.pause()
+        (error,) = notices(app, "error")
+        assert error.startswith("message too long")
+        assert app.transcript.exchanges == [] and app.input.text == "x" * 200
+
+
+async def test_transcript_follows_the_reply_until_the_user_scrolls_up():
+    app = make_app("--max-new-tokens", "300", "--temperature", "1")
+    async with app.run_test(size=(100, 24)) as pilot:
+        await ready(pilot)
+        t = app.transcript
+        await submit(pilot, "first")
+        await submit(pilot, "second")
+        assert t.max_scroll_y > 0 and t.scroll_y == t.max_scroll_y
+        t.scroll_home(animate=False)  # what the mouse wheel / PageUp do: releases the anchor
+        await pilot.pause()
+        await submit(pilot, "third")
+        assert t.scroll_y == 0 < t.max_scroll_y
+
+
+async def test_panel_updates_while_the_model_writes():
+    app = make_app("--max-new-tokens", "100000", "--temperature", "1")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press(*"go", "enter")
+        await until(pilot, lambda: app.batches > 0)
+        seen = set()
+        for _ in range(25):  # one second
+            seen.add(row(app, "cache_seqlens"))
+            await pilot.pause(0.04)
+        await pilot.press("escape")
+        await until(pilot, lambda: not app.busy)
+        assert len(seen) >= 3, seen
+
+
+async def test_palette_runs_commands():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await submit(pilot, "hello")
+        done = app.inputs_done
+        await pilot.press("ctrl+p", *"/reset")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await until(pilot, lambda: app.inputs_done > done and not app.busy)
+        assert app.session.cache.pos == 0 and row(app, "cache_seqlens") == "0 / 2048"
+        await pilot.press("ctrl+p", *"/system")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.input.text == "/system " and app.focused is app.input
+
+
+async def test_tool_calls_are_shown_apart_from_the_reply():
+    scripted = pytest.importorskip("test_tool_session", reason="needs the scripted nanochat model").scripted
+    from chatapp.session import Session, Settings
+
+    lm = scripted("12*7", " ok")
+    app = make_app(opener=lambda args, progress: Session(lm, Settings(temperature=0.0, max_new_tokens=40)))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await submit(pilot, "What is 12*7?")
+        reply = app.transcript.exchanges[0].reply
+        (view,) = reply.query(ToolCallView)
+        assert view.call == ToolCall("12*7", "84")
+        assert reply.text == " ok"  # the markers and the forced output are not in the Markdown
+        assert app.session.exchanges[0].reply.endswith("<|output_start|>84<|output_end|> ok")
+        assert row(app, "cache_seqlens") == f"{app.session.cache.pos} / {app.session.cache.capacity}"
+
+
+async def test_the_default_model_chats_in_the_app():
+    from chatapp.pull import default_model_dir, is_installed
+
+    if not is_installed(default_model_dir()):
+        pytest.skip(f"the default model is not pulled into {default_model_dir()} (run nanochat-tui pull)")
+    args = chat_parser().parse_args(["--temperature", "0", "--max-new-tokens", "12"])  # no --model
+    app = ChatApp(args)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        s = app.session
+        assert row(app, "model") == s.lm.name and s.lm.name != "random:tiny"
+        await submit(pilot, "What is the capital of France?", timeout=300)
+        assert "Paris" in replies(app)[0]
+        first = s.history[-1]
+        await submit(pilot, "Thanks!", timeout=300)
+        st = s.history[-1]
+        assert st.cached_before == first.cache_seqlens
+        assert st.prefill_tokens == len(s.template.end_reply()) + len(s.template.user_turn("Thanks!"))
+        assert row(app, "cache_seqlens") == f"{s.cache.pos} / {s.cache.capacity}"

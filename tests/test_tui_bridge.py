@@ -1,0 +1,103 @@
+"""The worker-to-UI bridge: batching, order, back-pressure, and errors, on a controlled clock.
+Also the tool-span splitter the transcript uses."""
+
+from __future__ import annotations
+
+from chatapp.events import Error, TextDelta, ToolCall, TurnStats
+from chatapp.tui.bridge import Gate, SessionEvent, TextBatch, TurnFinished, pump
+from chatapp.tui.transcript import ToolMarkup
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def tokens(clock: Clock, n: int, step: float):
+    for i in range(n):
+        clock.t += step
+        yield TextDelta(str(i % 10))
+
+
+def test_deltas_are_batched_at_most_every_50ms_and_order_is_kept():
+    clock, posted = Clock(), []
+    gate = Gate(clock=clock)
+
+    def post(msg):  # a UI that draws instantly
+        posted.append(msg)
+        if isinstance(msg, TextBatch):
+            gate.drawn()
+
+    def events():
+        yield from tokens(clock, 200, 0.001)  # 200 tokens, 1 ms apart: 200 ms
+        yield ToolCall("1+1", "2")
+        yield TextDelta("tail")
+
+    batches = pump(events(), post, gate)
+    texts = [m.text for m in posted if isinstance(m, TextBatch)]
+    assert "".join(texts) == "".join(str(i % 10) for i in range(200)) + "tail"
+    assert batches == len(texts) <= 1 + 200 // 50 + 1  # the first token at once, then >= 50 ms apart
+    kinds = [type(m) for m in posted]
+    # The tool call comes after all the text before it, and the turn ends last.
+    assert kinds[-3:] == [SessionEvent, TextBatch, TurnFinished] and posted[-2].text == "tail"
+
+
+def test_a_ui_that_has_not_drawn_gets_no_new_batch():
+    clock, posted = Clock(), []
+    gate = Gate(clock=clock)
+    pump(tokens(clock, 100, 0.01), posted.append, gate)  # nobody calls gate.drawn()
+    texts = [m.text for m in posted if isinstance(m, TextBatch)]
+    assert texts == ["0", "".join(str(i % 10) for i in range(1, 100))]  # first, then the final flush
+
+
+def test_a_slow_ui_gets_batches_twice_its_draw_time_apart():
+    clock, posted, sent = Clock(), [], []
+    gate = Gate(clock=clock)
+
+    def post(msg):
+        posted.append(msg)
+        if isinstance(msg, TextBatch):
+            sent.append(clock.t)
+            clock.t += 0.1  # drawing takes 100 ms (the model is blocked meanwhile, like the GIL)
+            gate.drawn()
+
+    pump(tokens(clock, 300, 0.001), post, gate)
+    gaps = [b - a for a, b in zip(sent, sent[1:-1], strict=False)]
+    assert gaps and min(gaps) >= 0.2 - 1e-9
+
+
+def test_an_exception_in_a_turn_becomes_an_error_event_and_the_turn_ends():
+    posted = []
+
+    def events():
+        yield TextDelta("partial")
+        raise RuntimeError("boom")
+
+    pump(events(), posted.append)
+    assert isinstance(posted[0], TextBatch) and posted[0].text == "partial"
+    assert isinstance(posted[1].event, Error) and posted[1].event.message == "internal error: RuntimeError: boom"
+    assert isinstance(posted[-1], TurnFinished)
+
+
+def test_other_events_pass_through_untouched():
+    st = TurnStats(1, "u", "r", 3, 0, 3, 10, 1, 1.0, 1.0, "end", 0, 0, "sdpa")
+    posted = []
+    pump(iter([st]), posted.append)
+    assert [type(m) for m in posted] == [SessionEvent, TurnFinished] and posted[0].event is st
+
+
+MARKERS = {n: f"<|{n}|>" for n in ("python_start", "python_end", "output_start", "output_end")}
+
+
+def test_tool_spans_are_cut_out_of_the_visible_text():
+    m = ToolMarkup(MARKERS)
+    assert m.feed("Let me compute. <|python_start|>12*") == ["Let me compute. ", None]
+    assert m.feed("7<|python_end|>") == []
+    assert m.feed("<|output_start|>84<|output_end|> So it is 84.") == [None, " So it is 84."]
+
+
+def test_without_tool_tokens_nothing_is_hidden():
+    assert ToolMarkup(None).feed("a <|python_start|> b") == ["a <|python_start|> b"]

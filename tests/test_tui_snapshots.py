@@ -1,0 +1,40 @@
+"""Snapshots (pytest-textual-snapshot) of the main, help and error screens.
+
+Deterministic: random:tiny with a fixed seed and greedy decoding, and `stable=True`, which
+hides the figures that change between runs (process memory, timings). Update them with
+`.venv/bin/python -m pytest tests/test_tui_snapshots.py --snapshot-update` and look at the SVGs.
+"""
+
+from __future__ import annotations
+
+from tui_pilot import make_app, ready, submit, until
+
+from chatapp.tui.screens import ErrorScreen
+
+SIZE = (120, 36)
+GREEDY = ("--temperature", "0", "--seed", "7", "--max-new-tokens", "32")
+
+
+def test_main_screen_after_two_turns(snap_compare):
+    async def chat(pilot):
+        await ready(pilot)
+        await submit(pilot, "hello")
+        await submit(pilot, "and a **second** turn")
+
+    assert snap_compare(make_app(*GREEDY, stable=True), terminal_size=SIZE, run_before=chat)
+
+
+def test_help_screen(snap_compare):
+    async def help(pilot):
+        await ready(pilot)
+        await pilot.press("f1")
+
+    assert snap_compare(make_app(*GREEDY, stable=True), terminal_size=SIZE, run_before=help)
+
+
+def test_error_screen(snap_compare):
+    async def fail(pilot):
+        await until(pilot, lambda: isinstance(pilot.app.screen, ErrorScreen), what="the error screen")
+
+    app = make_app("--model", "random:nope", stable=True)
+    assert snap_compare(app, terminal_size=SIZE, run_before=fail)
