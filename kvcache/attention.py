@@ -45,7 +45,7 @@ class Attention:
         """The backends that actually ran, e.g. 'fa3' or 'fa3+sdpa' (windowed layers)."""
         if not self.used:
             return self.flash.name if self.flash else "sdpa"
-        return "+".join(sorted(self.used, key=("fa3", "fa2", "sdpa").index))
+        return "+".join(sorted(self.used, key=("fa3", "fa2", "triton", "sdpa").index))
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                  cache: KVCache, layer_idx: int, causal: bool = True,

@@ -8,11 +8,16 @@ conversation but not in the cache, which is exactly what the cache invariant all
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from kvcache import KVCache
+
+if TYPE_CHECKING:
+    from model.graphs import GraphConfig
 
 
 @dataclass
@@ -44,7 +49,8 @@ def sample_token(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator
 class Generator:
     """One per loaded model and cache. Holds the last logits between calls."""
 
-    def __init__(self, model: torch.nn.Module, cache: KVCache, vocab_size: int, prefill_chunk: int = 512):
+    def __init__(self, model: torch.nn.Module, cache: KVCache, vocab_size: int, prefill_chunk: int = 512,
+                 graphs: GraphConfig | None | str = "auto"):
         self.model, self.cache, self.prefill_chunk = model, cache, prefill_chunk
         # Padded vocabularies (and random models) have ids the tokenizer cannot decode: never sample them.
         self.vocab_size = vocab_size
@@ -52,6 +58,27 @@ class Generator:
         self.logits: torch.Tensor | None = None
         self.rng = torch.Generator(device=self.device)
         self.sampling = SamplingConfig()
+        self.graphs = self._make_graphs(graphs) if self.device.type == "cuda" else None
+
+    def _make_graphs(self, cfg: GraphConfig | None | str):
+        """On CUDA, decode through a captured graph (model/graphs.py); eager if that is off or
+        the architecture has no capturable step."""
+        from model.graphs import GraphConfig, GraphDecoder
+
+        auto = cfg == "auto"
+        if auto:
+            cfg = GraphConfig.from_env()
+        if cfg is None:
+            return None
+        try:
+            return GraphDecoder(self.model, self.cache, self.vocab_size, cfg, self.rng)
+        except NotImplementedError:
+            return None
+        except Exception as e:  # the app still chats, eagerly; an explicit config (tests, bench) raises
+            if not auto:
+                raise
+            warnings.warn(f"CUDA-graph decode unavailable, decoding eagerly: {e}", stacklevel=2)
+            return None
 
     def configure(self, sampling: SamplingConfig) -> None:
         self.sampling = sampling
@@ -62,12 +89,21 @@ class Generator:
     def prefill(self, ids: list[int]) -> None:
         """Push `ids` into the cache in chunks, so memory stays bounded for long inputs."""
         self.cache.check_fits(len(ids))
+        if self.graphs is not None:
+            self.graphs.settle()
         for i in range(0, len(ids), self.prefill_chunk):
             chunk = torch.tensor([ids[i:i + self.prefill_chunk]], dtype=torch.long, device=self.device)
             self.logits = self.model(chunk, self.cache)[0, -1, :self.vocab_size]
+        if self.graphs is not None and ids:
+            self.graphs.load_logits(self.logits, ids[-1])
+            self.logits = self.graphs.logits
 
     @torch.inference_mode()
     def feed(self, tok: int) -> None:
+        if self.graphs is not None:
+            self.graphs.feed(tok)
+            self.logits = self.graphs.logits
+            return
         x = torch.tensor([[tok]], dtype=torch.long, device=self.device)
         self.logits = self.model(x, self.cache)[0, -1, :self.vocab_size]
 
@@ -75,8 +111,12 @@ class Generator:
     def sample(self) -> int:
         if self.logits is None:
             raise RuntimeError("nothing to sample from: prefill first")
+        if self.graphs is not None:
+            return self.graphs.sample(self.sampling)
         return int(sample_token(self.logits, self.sampling, self.rng))  # the one host sync per token
 
     def forget(self) -> None:
         """Drop the last logits: after a rewind they no longer belong to the cache end."""
         self.logits = None
+        if self.graphs is not None:
+            self.graphs.settle()

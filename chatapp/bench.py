@@ -1,0 +1,168 @@
+"""`nanochat-tui bench`: multi-turn TTFT, decode speed and MBU, and a transformers peer, in one run.
+
+Prints a readable table per model, then ONE JSON line last. Everything compared is measured
+in the same run: persistent cache vs re-prefill, graph vs eager, ours vs transformers.
+Also runnable as `python -m chatapp.bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from chatapp.bench_decode import decode_at, peak_bandwidth, weight_bytes_per_token, with_mbu
+from chatapp.bench_report import print_model, summary_line
+from chatapp.bench_turns import multiturn, script_tokens
+from model.generate import Generator
+from model.loading.base import LoadOptions
+
+GPU_MODELS = "default,random:d20,random:d32,random-nanochat:d20"
+
+
+@dataclass
+class BenchArgs:
+    models: list[str]
+    device: str
+    dtype: torch.dtype
+    attn: str
+    gguf: str | None
+    turns: int
+    reply_tokens: int
+    contexts: list[int]
+    decode_tokens: int
+    eager_tokens: int
+    peer: bool
+    variants: bool
+    profile: bool
+
+
+def parse(argv: list[str]) -> BenchArgs:
+    p = argparse.ArgumentParser(prog="nanochat-tui bench", description=__doc__.splitlines()[0])
+    p.add_argument("--models", help=f"comma-separated specs (GPU default: {GPU_MODELS}; "
+                   "CPU default: random:smollm2-135m). 'default' is SmolLM2 from --gguf or the pulled copy")
+    p.add_argument("--gguf", help="the SmolLM2 .gguf to convert and use for 'default'")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--attn", default="auto", choices=["auto", "fa3", "fa2", "sdpa"])
+    p.add_argument("--quick", action="store_true", help="small sizes: a smoke run in seconds")
+    p.add_argument("--turns", type=int, default=20)
+    p.add_argument("--reply-tokens", type=int, help="tokens per scripted reply (GPU 256, CPU 8)")
+    p.add_argument("--contexts", help="decode contexts, comma-separated (GPU 512,2048,8192; CPU 128,512)")
+    p.add_argument("--decode-tokens", type=int, help="timed decode steps per context (GPU 256, CPU 16)")
+    p.add_argument("--no-peer", action="store_true", help="skip transformers' static-cache generate")
+    p.add_argument("--no-variants", action="store_true", help="skip eager / plain-graph / FA3 comparisons")
+    p.add_argument("--no-profile", action="store_true", help="skip the per-kernel profile of a decode step")
+    a = p.parse_args(argv)
+    device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    gpu = device.startswith("cuda")
+    dtype = a.dtype if a.dtype != "auto" else ("bfloat16" if gpu else "float32")
+    quick = a.quick
+    models = a.models or (GPU_MODELS if gpu else "random:smollm2-135m")
+    contexts = a.contexts or ("64,256" if quick else "512,2048,8192" if gpu else "128,512")
+    return BenchArgs(
+        models=models.split(","), device=device, dtype=getattr(torch, dtype), attn=a.attn, gguf=a.gguf,
+        turns=a.turns, reply_tokens=a.reply_tokens or (4 if quick else 256 if gpu else 8),
+        contexts=[int(c) for c in contexts.split(",")],
+        decode_tokens=a.decode_tokens or (8 if quick else 256 if gpu else 16),
+        eager_tokens=8 if quick or not gpu else 32, peer=not a.no_peer, variants=gpu and not a.no_variants,
+        profile=gpu and not a.no_profile)
+
+
+def capacity_for(lm, args: BenchArgs) -> int:
+    need = max(max(args.contexts) + args.decode_tokens + 8, script_tokens(lm, args.turns, args.reply_tokens) + 8)
+    return min(need, lm.context_length)
+
+
+def decode_rows(gen: Generator, lm, args: BenchArgs, peak: float, tokens: int,
+                contexts: list[int] | None = None) -> list[dict]:
+    rows = []
+    for ctx in contexts or args.contexts:
+        ctx = min(ctx, gen.cache.capacity - tokens - 2)  # the rotary table ends at the model's context
+        rows.append(with_mbu(decode_at(gen, ctx, tokens), lm.model, gen.cache, peak))
+    return rows
+
+
+def variants(lm, cache, args: BenchArgs, peak: float) -> dict[str, list[dict]]:
+    """The same decode through each engine, on the same cache: what each layer of the fast path buys."""
+    from model.graphs import GraphConfig
+
+    ends = sorted({args.contexts[0], args.contexts[-1]})
+    out = {}
+    configs = {"eager": None, "graph+torch": GraphConfig(fused=False), "graph+fused+fa3": GraphConfig(attn="fa3"),
+               "graph+fused+triton (no lookahead)": GraphConfig(lookahead=False)}
+    for name, cfg in configs.items():
+        try:
+            gen = Generator(lm.model, cache, lm.tokenizer.vocab_size, graphs=cfg)
+        except RuntimeError as e:
+            out[name] = [{"skipped": str(e)}]
+            continue
+        tokens = args.eager_tokens if cfg is None or gen.graphs is None else args.decode_tokens
+        engine = gen.graphs.name if gen.graphs is not None else "eager"
+        out[name] = [dict(r, engine=engine) for r in decode_rows(gen, lm, args, peak, tokens, ends)]
+        del gen
+    return out
+
+
+def profile(gen: Generator, context: int) -> dict:
+    from chatapp.bench_profile import graph_step_us, kernel_table
+
+    decode_at(gen, min(context, gen.cache.capacity - 8), 2)
+    gen.graphs.settle()
+    return {"context": gen.cache.pos, "graph_step_us": graph_step_us(gen.graphs),
+            "kernels": kernel_table(gen.graphs)}
+
+
+def bench_model(spec: str, args: BenchArgs, peak: float) -> dict:
+    from chatapp.bench_models import resolve
+    from chatapp.bench_peer import hf_static_decode
+
+    opts = LoadOptions(device=args.device, dtype=args.dtype, attn=args.attn)
+    lm, note = resolve(spec, opts, args.gguf)
+    cache = lm.model.new_cache(capacity_for(lm, args))
+    gen = Generator(lm.model, cache, lm.tokenizer.vocab_size)
+    res = {"model": lm.name, "spec": spec, "note": note, "device": str(cache.device),
+           "dtype": str(cache.dtype).removeprefix("torch."), "capacity": cache.capacity,
+           "decode_engine": gen.graphs.name if gen.graphs is not None else "eager",
+           "weight_bytes_per_token": weight_bytes_per_token(lm.model)}
+    res["multiturn"] = multiturn(lm, gen, args.turns, args.reply_tokens)
+    res["decode"] = decode_rows(gen, lm, args, peak, args.decode_tokens)
+    res["backend"] = lm.model.attn.name
+    if args.profile and gen.graphs is not None:
+        res["profile"] = profile(gen, args.contexts[0])
+    if args.variants:
+        del gen
+        res["variants"] = variants(lm, cache, args, peak)
+    if args.peer:
+        prompt = list(range(100, 100 + min(512, args.contexts[0])))
+        res["peer"] = hf_static_decode(lm.model, prompt, args.decode_tokens)
+        ours = next((r for r in res["decode"] if r["context"] >= len(prompt) * 0.5), res["decode"][0])
+        if "tok_s" in res["peer"]:
+            res["peer"]["ours_tok_s"] = ours["tok_s"]
+            res["peer"]["ratio"] = ours["tok_s"] / res["peer"]["tok_s"]
+    del cache, lm
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    device = torch.device(args.device)
+    peak = peak_bandwidth(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"nanochat-tui bench on {name}: copy bandwidth {peak / 1e9:.0f} GB/s (read + write)")
+    results = []
+    for spec in args.models:
+        res = bench_model(spec, args, peak)
+        print_model(res)
+        results.append(res)
+    print(json.dumps(summary_line(name, peak, results)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Batch-1 decode speed at a given context, the bytes a token must read, and the copy bandwidth.
+
+MBU = (weight bytes read per token + KV bytes read at that context) / TPOT / peak, where the
+peak is a device-to-device copy measured in the same run (bytes read plus bytes written).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from kvcache import KVCache
+from model.generate import Generator, SamplingConfig
+
+
+def weight_bytes_per_token(model: torch.nn.Module) -> int:
+    """Every Linear weight is read once a token; embedding tables are gathered a row at a time
+    and don't count (a tied output head counts once, as the Linear it also is)."""
+    seen, total = set(), 0
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Linear) and mod.weight.data_ptr() not in seen:
+            seen.add(mod.weight.data_ptr())
+            total += mod.weight.numel() * mod.weight.element_size()
+    return total
+
+
+def kv_bytes_read(cache: KVCache, context: int) -> int:
+    return 2 * cache.num_layers * context * cache.k_cache.shape[-2] * cache.k_cache.shape[-1] * \
+        cache.k_cache.element_size()
+
+
+def peak_bandwidth(device: torch.device, nbytes: int = 1 << 30, reps: int = 20) -> float:
+    """Bytes/s of a large device-to-device copy, counting the read and the write."""
+    if device.type != "cuda":
+        nbytes, reps = 1 << 26, 5
+    src = torch.randn(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(reps + 2):
+        _sync(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return 2 * nbytes / statistics.median(times[2:])
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def decode_at(gen: Generator, context: int, tokens: int, seed: int = 0) -> dict:
+    """Fill the cache to `context` with random tokens, then time `tokens` greedy decode steps,
+    each one a feed plus a sample, exactly what a chat does per token."""
+    cache = gen.cache
+    cache.reset()
+    gen.forget()
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(100, min(gen.vocab_size, 30000), (context,), generator=g).tolist()
+    gen.prefill(ids)
+    gen.configure(SamplingConfig(temperature=0.0))
+    tok = gen.sample()
+    times = []
+    for _ in range(tokens):
+        t = time.perf_counter()
+        gen.feed(tok)
+        tok = gen.sample()
+        times.append(time.perf_counter() - t)
+    tpot = statistics.median(times)
+    return {"context": context, "tokens": tokens, "tpot_ms": tpot * 1000, "tok_s": tokens / sum(times),
+            "tok_s_median": 1 / tpot}
+
+
+def with_mbu(row: dict, model: torch.nn.Module, cache: KVCache, peak: float) -> dict:
+    moved = weight_bytes_per_token(model) + kv_bytes_read(cache, row["context"])
+    row["bytes_per_token"] = moved
+    row["mbu"] = moved / (row["tpot_ms"] / 1000) / peak
+    return row

@@ -1,0 +1,62 @@
+"""The peer: Hugging Face transformers `generate` with a static cache, on our exact weights.
+
+Decode speed is taken from the difference of two timed runs with different numbers of new
+tokens, so the prompt's prefill and any per-call setup cancel out.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from model.llama import Llama
+
+
+def hf_llama(model: Llama):
+    """A transformers LlamaForCausalLM holding the same tensors' values as `model`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c = model.config
+    p = model.lm_head.weight
+    cfg = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                      num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+                      num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
+                      rope_theta=c.rope_theta, max_position_embeddings=c.max_position_embeddings,
+                      tie_word_embeddings=c.tie_word_embeddings)
+    if getattr(cfg, "rope_parameters", None) is not None:  # transformers 5 keeps theta here
+        cfg.rope_parameters["rope_theta"] = c.rope_theta
+    hf = LlamaForCausalLM(cfg).to(device=p.device, dtype=p.dtype).eval()
+    state = {k: v for k, v in model.state_dict().items() if "rotary" not in k}
+    hf.load_state_dict(state, strict=False)
+    return hf
+
+
+def _generate(hf, ids: torch.Tensor, new: int) -> tuple[float, list[int]]:
+    if ids.is_cuda:
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    out = hf.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                      cache_implementation="static", pad_token_id=0)
+    if ids.is_cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t, out[0, ids.shape[1]:].tolist()
+
+
+def hf_static_decode(model: torch.nn.Module, prompt: list[int], new_tokens: int) -> dict:
+    """tok/s of HF's static-cache greedy decode, and its first tokens (to check the weights match)."""
+    if not isinstance(model, Llama):
+        return {"skipped": f"no transformers twin for {type(model).__name__}"}
+    try:
+        hf = hf_llama(model)
+        ids = torch.tensor([prompt], device=model.lm_head.weight.device)
+        short = max(2, new_tokens // 4)
+        with torch.inference_mode():
+            _generate(hf, ids, new_tokens)  # warm-up: compiles (if transformers does), fills caches
+            t_short, _ = _generate(hf, ids, short)
+            t_long, toks = _generate(hf, ids, new_tokens)
+    except Exception as e:  # a peer that cannot run is reported, not fatal to our own figures
+        return {"skipped": f"transformers failed: {type(e).__name__}: {e}"[:300]}
+    rate = (new_tokens - short) / (t_long - t_short) if t_long > t_short else float("nan")
+    del hf
+    return {"tok_s": rate, "new_tokens": new_tokens, "prompt_tokens": len(prompt), "first_tokens": toks[:16]}

@@ -1,0 +1,65 @@
+"""Where a decode token's time goes: GPU time of the captured step, and its kernels.
+
+`graph_step_us` replays the captured step back to back (no host in the loop): the GPU's own
+time per token, to set against the wall time per token that the decode table reports.
+`kernel_table` runs the same step outside the graph under the profiler and sums each
+kernel's time per token, so the count of launches and the slow ones are plain to see.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+
+def graph_step_us(graphs, reps: int = 200) -> float:
+    """Median-free but sync-free: mean GPU time of `reps` back-to-back replays, in µs."""
+    c = graphs.cache
+    pos = c.pos
+    if c.free < 1:
+        return float("nan")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graphs.step_graph.replay()  # warm
+    c.cache_seqlens.fill_(pos)
+    start.record()
+    for _ in range(reps):
+        graphs.step_graph.replay()
+        c.cache_seqlens.fill_(pos)  # stay at one position: every replay does the same work
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / reps
+
+
+def kernel_table(graphs, steps: int = 5, top: int = 12) -> list[dict]:
+    """Per-token kernel time by kernel name (eager launches of the captured step's code)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    c = graphs.cache
+    pos = c.pos
+    with torch.inference_mode():
+        graphs.step()
+        c.cache_seqlens.fill_(pos)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                graphs.step()
+                c.cache_seqlens.fill_(pos)
+            torch.cuda.synchronize()
+    per: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            name = ev.name[:60]
+            per[name][0] += 1
+            per[name][1] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+    rows = [{"kernel": k, "per_token": n / steps, "us_per_token": t / steps} for k, (n, t) in per.items()]
+    rows.sort(key=lambda r: -r["us_per_token"])
+    total = {"kernel": "TOTAL", "per_token": sum(r["per_token"] for r in rows),
+             "us_per_token": sum(r["us_per_token"] for r in rows)}
+    return [total] + rows[:top]
+
+
+def print_profile(name: str, gpu_us: float, rows: list[dict]) -> None:
+    print(f"profile {name}: graph replay {gpu_us:.1f} µs/token of GPU time; kernels per token:")
+    for r in rows:
+        print(f"  {r['kernel']:<60} {r['per_token']:6.1f}x {r['us_per_token']:9.1f} µs")

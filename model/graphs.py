@@ -1,0 +1,200 @@
+"""CUDA-graph decode: one captured step per session, replayed for every token.
+
+The step (model/kernels/) reads the token from a static buffer and its position from
+`cache_seqlens` on the device, writes static logits and advances `cache_seqlens` itself, so
+one capture stays valid at any position: across turns, rewinds, /reset and trims. Sampling
+is a second small graph that writes the token straight into the step's input buffer.
+
+One host sync per token: `sample()` copies the token to pinned memory and, before waiting
+for it, already launches the next step with it (lookahead). If the caller then feeds that
+same token, the step is done; anything else (a stop token, a rewind, another token) first
+"settles" the device counter back to the host's `cache.pos`, and the speculative K/V past
+the cache end is simply never read (docs/cache-invariant.md).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from kvcache import KVCache
+
+if TYPE_CHECKING:  # generate.py imports this module lazily, so no cycle at run time
+    from model.generate import SamplingConfig
+
+
+@dataclass
+class GraphConfig:
+    fused: bool = True          # Triton kernels; False: the plain PyTorch step inside the graph
+    attn: str = "triton"        # decode attention in the fused step: triton (split-KV) or fa3
+    splits: int = 0             # split-KV programs per KV head for triton attention; 0: by capacity
+    num_splits: int = 1         # FA3's num_splits, pinned: capture and replay must agree
+    lookahead: bool = True      # launch the next step before the host has read the sampled token
+
+    @classmethod
+    def from_env(cls) -> GraphConfig | None:
+        """NANOCHAT_GRAPHS=0 turns graphs off; =torch keeps graphs but not the Triton kernels."""
+        v = os.environ.get("NANOCHAT_GRAPHS", "1").lower()
+        if v in ("0", "off", "eager"):
+            return None
+        return cls(fused=v != "torch", attn=os.environ.get("NANOCHAT_DECODE_ATTN", "triton"))
+
+
+def build_step(model: torch.nn.Module, cache: KVCache, cfg: GraphConfig):
+    """The capturable decode step for this architecture, or None (then decode stays eager)."""
+    from model.kernels import triton_available
+    from model.llama import Llama
+
+    if isinstance(model, Llama):
+        if cfg.fused and triton_available():
+            from model.kernels.llama_step import LlamaFusedStep
+            return LlamaFusedStep(model, cache, cfg.attn, cfg.splits, cfg.num_splits)
+        from model.kernels.torch_step import LlamaTorchStep
+        return LlamaTorchStep(model, cache, cfg.num_splits)
+    from model.nanochat import Nanochat
+
+    if isinstance(model, Nanochat):
+        from model.kernels.nanochat_step import NanochatTorchStep
+        return NanochatTorchStep(model, cache, cfg.num_splits)
+    return None
+
+
+class DeviceSampler:
+    """Greedy, or temperature/top-k/top-p sampling, on the device with settings held in
+    device scalars, so one captured graph serves every setting."""
+
+    def __init__(self, logits: torch.Tensor, out: torch.Tensor):
+        self.logits, self.out = logits, out
+        dev = logits.device
+        self.temperature = torch.ones(1, device=dev)
+        self.top_k = torch.zeros(1, dtype=torch.long, device=dev)
+        self.top_p = torch.ones(1, device=dev)
+        self.ranks = torch.arange(logits.shape[-1], device=dev)
+        self.gen: torch.Generator | None = None
+
+    def set(self, cfg: SamplingConfig) -> None:
+        self.temperature.fill_(max(cfg.temperature, 1e-6))
+        self.top_k.fill_(cfg.top_k if cfg.top_k > 0 else self.ranks.numel())
+        self.top_p.fill_(cfg.top_p if cfg.top_p < 1.0 else 2.0)  # 2: never drop anything
+
+    def greedy(self) -> None:
+        self.out.copy_(self.logits.argmax(-1, keepdim=True))
+
+    def sample(self) -> None:
+        sorted_l, order = torch.sort(self.logits / self.temperature, descending=True)
+        sorted_l = sorted_l.masked_fill(self.ranks >= self.top_k, float("-inf"))
+        probs = sorted_l.softmax(-1)
+        # Same rule as sample_token: drop a token once the mass before it reaches top_p.
+        sorted_l = sorted_l.masked_fill(probs.cumsum(-1) - probs >= self.top_p, float("-inf"))
+        probs = sorted_l.softmax(-1)
+        # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p with no host sync.
+        noise = torch.empty_like(probs).exponential_(generator=self.gen)
+        self.out.copy_(order.gather(-1, (probs / noise).argmax(-1, keepdim=True)))
+
+
+class GraphDecoder:
+    """Captured decode for one model and cache: `feed(tok)` and `sample(cfg)`."""
+
+    def __init__(self, model: torch.nn.Module, cache: KVCache, vocab_size: int, cfg: GraphConfig,
+                 rng: torch.Generator | None = None):
+        step = build_step(model, cache, cfg)
+        if step is None:
+            raise NotImplementedError(f"no capturable decode step for {type(model).__name__}")
+        self.step, self.cache, self.cfg = step, cache, cfg
+        self.attn = model.attn if hasattr(model, "attn") else None
+        self.logits = step.logits[:vocab_size]
+        self.sampler = DeviceSampler(self.logits, step.tok)
+        self.pool = torch.cuda.graph_pool_handle()
+        self.host_tok = torch.zeros(1, dtype=torch.long).pin_memory()
+        self.event = torch.cuda.Event()
+        self.ahead: tuple[int, int] | None = None   # (pos, tok) of a step launched speculatively
+        self.last_tok: int | None = None            # the newest token in the cache
+        self.mode: str | None = None
+        with torch.inference_mode():
+            self.step_graph = self._capture(step)
+            self.sample_graphs = {"greedy": self._capture(self.sampler.greedy)}
+            self.sample_graphs["sample"] = self._capture(self.sampler.sample, rng)
+        self.name = getattr(step, "name", "graph")
+
+    def _capture(self, fn, rng: torch.Generator | None = None) -> torch.cuda.CUDAGraph:
+        c = self.cache
+        if c.free < 1:
+            raise RuntimeError("cannot capture the decode step with a full cache")
+        pos = c.pos
+        graph = torch.cuda.CUDAGraph()
+        if rng is not None and hasattr(graph, "register_generator_state"):
+            graph.register_generator_state(rng)
+            self.sampler.gen = rng
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up compiles the kernels; its K/V land past the end
+            for _ in range(2):
+                fn()
+                c.cache_seqlens.fill_(pos)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph, pool=self.pool):
+            fn()
+        c.cache_seqlens.fill_(pos)
+        return graph
+
+    # --- the state the host and the device must agree on -----------------------
+    def settle(self) -> None:
+        """Undo a speculative step: the device counter goes back to the host's cache.pos."""
+        if self.ahead is not None:
+            self.cache.cache_seqlens.fill_(self.cache.pos)
+            self.ahead = None
+
+    def load_logits(self, logits: torch.Tensor, last_tok: int) -> None:
+        """After an eager prefill: its last logits become the sampler's input."""
+        self.logits.copy_(logits)
+        self.last_tok = last_tok
+
+    # --- per token ----------------------------------------------------------------
+    def feed(self, tok: int) -> None:
+        c = self.cache
+        if self.ahead is not None:
+            if self.ahead == (c.pos, tok):  # already computed while the host read the token
+                self.ahead = None
+                self._advanced(tok)
+                return
+            self.settle()
+        c.check_fits(1)
+        self.step.tok.fill_(tok)
+        self.step_graph.replay()
+        self._advanced(tok)
+
+    def _advanced(self, tok: int) -> None:
+        self.cache.pos += 1  # the graph advanced cache_seqlens; this is its host mirror
+        self.last_tok = tok
+        if self.attn is not None:
+            self.attn.used.add(self.step.attn_name)
+
+    def sample(self, cfg: SamplingConfig) -> int:
+        if self.ahead is not None:  # sampled before, never fed: the logits moved on; recompute
+            self._refeed_last()
+        mode = "greedy" if cfg.temperature <= 0 else "sample"
+        if mode == "sample" and self.mode != (key := f"{cfg.temperature}/{cfg.top_k}/{cfg.top_p}"):
+            self.sampler.set(cfg)
+            self.mode = key
+        self.sample_graphs[mode].replay()
+        self.host_tok.copy_(self.step.tok, non_blocking=True)
+        self.event.record()
+        pos = self.cache.pos
+        launched = self.cfg.lookahead and self.cache.free >= 1
+        if launched:
+            self.step_graph.replay()
+        self.event.synchronize()  # the one host sync per token
+        tok = int(self.host_tok[0])
+        if launched:
+            self.ahead = (pos, tok)
+        return tok
+
+    def _refeed_last(self) -> None:
+        self.settle()
+        if self.last_tok is None or self.cache.pos < 1:
+            raise RuntimeError("no logits to sample from: prefill first")
+        self.cache.rewind(self.cache.pos - 1)
+        self.feed(self.last_tok)

@@ -1,0 +1,118 @@
+"""Split-KV attention for one query token over the (T, Hk, D) cache (flash-decoding), merged in-kernel.
+
+Each program takes one KV head with its whole GQA group of query heads (padded to 16
+rows so the two products run on tensor cores) and a contiguous range of key blocks, and
+writes an fp32 partial output with its log-sum-exp. The last program of a KV head to
+finish (an atomic counter tells it) merges the partials and writes the bf16 output, so
+no combine kernel runs. The key count comes from `cache_seqlens` on the device (the new
+token's K/V were written just before) and the split count is fixed: safe in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _merge(o_ptr, lse_ptr, out_ptr, heads, hm, active, NH: tl.constexpr, D: tl.constexpr, G_PAD: tl.constexpr):
+    offs_d = tl.arange(0, D)
+    m = tl.full([G_PAD], float("-inf"), tl.float32)
+    lsum = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D], tl.float32)
+    for sp in range(0, active):
+        lse = tl.load(lse_ptr + sp * NH + heads, mask=hm, other=0.0, cache_modifier=".cg")
+        o = tl.load(o_ptr + (sp * NH + heads[:, None]) * D + offs_d[None, :], mask=hm[:, None], other=0.0,
+                    cache_modifier=".cg")
+        m_new = tl.maximum(m, lse)
+        alpha = tl.exp(m - m_new)
+        w = tl.exp(lse - m_new)
+        lsum = lsum * alpha + w
+        acc = acc * alpha[:, None] + o * w[:, None]
+        m = m_new
+    out = acc / lsum[:, None]
+    tl.store(out_ptr + heads[:, None] * D + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=hm[:, None])
+
+
+@triton.jit
+def _decode_attn_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, lse_ptr, out_ptr, count_ptr, scale,
+                        stride_t, stride_h,
+                        G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                        SPLITS: tl.constexpr, NH: tl.constexpr):
+    kvh = tl.program_id(0)
+    sp = tl.program_id(1)
+    n = tl.load(pos_ptr) + 1                 # keys visible to the new token, itself included
+    nblocks = tl.cdiv(n, BLOCK_N)
+    per = tl.cdiv(nblocks, SPLITS)
+    active = tl.cdiv(nblocks, per)           # splits that own at least one block
+    b0 = sp * per
+    b1 = tl.minimum(b0 + per, nblocks)
+    rows = tl.arange(0, G_PAD)
+    offs_d = tl.arange(0, D)
+    heads = kvh * G + rows
+    hm = rows < G
+    if sp < active:
+        q = tl.load(q_ptr + heads[:, None] * D + offs_d[None, :], mask=hm[:, None], other=0.0)
+        m = tl.full([G_PAD], float("-inf"), tl.float32)
+        lsum = tl.zeros([G_PAD], tl.float32)
+        acc = tl.zeros([G_PAD, D], tl.float32)
+        qk_scale = scale * 1.4426950408889634   # softmax in base 2
+        for b in range(b0, b1):
+            offs_n = b * BLOCK_N + tl.arange(0, BLOCK_N)
+            nm = offs_n < n
+            kv_off = offs_n[:, None] * stride_t + kvh * stride_h + offs_d[None, :]
+            k = tl.load(kc_ptr + kv_off, mask=nm[:, None], other=0.0)
+            v = tl.load(vc_ptr + kv_off, mask=nm[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.where(nm[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            alpha = tl.exp2(m - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            lsum = lsum * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)   # P in the cache dtype, like FA
+            m = m_new
+        lse = m / 1.4426950408889634 + tl.log(lsum)
+        tl.store(o_ptr + (sp * NH + heads[:, None]) * D + offs_d[None, :], acc / lsum[:, None], mask=hm[:, None])
+        tl.store(lse_ptr + sp * NH + heads, lse, mask=hm)
+    # Every program checks in; the last one of this KV head merges. The barrier makes all of
+    # this program's stores part of what the release (acq_rel) publishes.
+    tl.debug_barrier()
+    done = tl.atomic_add(count_ptr + kvh, 1, sem="acq_rel")
+    tl.debug_barrier()
+    if done == SPLITS - 1:
+        _merge(o_ptr, lse_ptr, out_ptr, heads, hm, active, NH, D, G_PAD)
+        tl.atomic_xchg(count_ptr + kvh, 0)   # ready for the next call (and the next replay)
+
+
+def default_splits(n_kv: int, capacity: int) -> int:
+    """Enough programs to keep the SMs busy at long contexts; the merge reads only live splits."""
+    s = 1
+    while s < 64 and n_kv * s < 256 and s * 128 < capacity:
+        s *= 2
+    return s
+
+
+class DecodeAttention:
+    """Buffers for one model's decode attention: partials, their LSEs and the per-head counters."""
+
+    def __init__(self, n_head: int, n_kv: int, head_dim: int, capacity: int, device, splits: int = 0):
+        self.splits = splits or default_splits(n_kv, capacity)
+        self.o = torch.zeros(self.splits, n_head, head_dim, dtype=torch.float32, device=device)
+        self.lse = torch.zeros(self.splits, n_head, dtype=torch.float32, device=device)
+        self.count = torch.zeros(n_kv, dtype=torch.int32, device=device)
+        self.n_head, self.n_kv, self.hd = n_head, n_kv, head_dim
+
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
+                 out: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+        """q: (Hq*D,) or (Hq, D); caches: one layer, (T, Hk, D) with an optional leading 1;
+        pos: int32 (1,) = index of the newest key. Writes out (Hq*D,) in the cache dtype."""
+        g = self.n_head // self.n_kv
+        _decode_attn_kernel[(self.n_kv, self.splits)](
+            q, k_cache, v_cache, pos, self.o, self.lse, out, self.count,
+            scale if scale is not None else self.hd ** -0.5, k_cache.stride(-3), k_cache.stride(-2),
+            G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=self.hd, BLOCK_N=64, SPLITS=self.splits,
+            NH=self.n_head, num_warps=4)
+        return out

@@ -1,0 +1,89 @@
+"""The first kernel of each decoder layer: RMSNorm + QKV GEMV + rotary + K/V cache write.
+
+One program owns a block of rotary pairs (rows i and i + D/2) of one head slot (a query,
+key or value head), so the rotation needs nothing from other programs. The position is
+read from `cache_seqlens` on the device: the captured graph is valid at any position.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _norm_qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr,
+                          K, eps, stride_t, stride_h,
+                          HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, BP: tl.constexpr,
+                          BLOCK_K: tl.constexpr, ROPE_SIGN: tl.constexpr, HAS_NW: tl.constexpr,
+                          QK_NORM: tl.constexpr, QK_EPS: tl.constexpr):
+    h = tl.program_id(0)           # head slot: queries, then keys, then values
+    j = tl.program_id(1)           # block of BP rotary pairs
+    half: tl.constexpr = D // 2
+    pairs = j * BP + tl.arange(0, BP)
+    r1 = h * D + pairs
+    r2 = r1 + half
+    offs = tl.arange(0, BLOCK_K)
+    acc1 = tl.zeros([BP, BLOCK_K], tl.float32)
+    acc2 = tl.zeros([BP, BLOCK_K], tl.float32)
+    ss = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):  # one pass: the norm's sum of squares rides along
+        kk = k0 + offs
+        km = kk < K
+        w1 = tl.load(w_ptr + r1[:, None] * K + kk[None, :], mask=km[None, :], other=0.0)
+        w2 = tl.load(w_ptr + r2[:, None] * K + kk[None, :], mask=km[None, :], other=0.0)
+        xk = tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32)
+        ss += xk * xk
+        if HAS_NW:
+            xk = xk * tl.load(nw_ptr + kk, mask=km, other=0.0).to(tl.float32)
+        acc1 += w1.to(tl.float32) * xk[None, :]
+        acc2 += w2.to(tl.float32) * xk[None, :]
+    rstd = 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
+    dt = w_ptr.dtype.element_ty
+    y1 = (tl.sum(acc1, 1) * rstd).to(dt).to(tl.float32)
+    y2 = (tl.sum(acc2, 1) * rstd).to(dt).to(tl.float32)
+    pos = tl.load(pos_ptr)
+    if h < HQ + HK:
+        c = tl.load(cos_ptr + pos * half + pairs)
+        s = tl.load(sin_ptr + pos * half + pairs) * ROPE_SIGN
+        o1 = (y1 * c - y2 * s).to(dt).to(tl.float32)
+        o2 = (y2 * c + y1 * s).to(dt).to(tl.float32)
+        if QK_NORM:  # per-head RMSNorm after rotary (nanochat); needs BP == D/2
+            r = 1.0 / tl.sqrt((tl.sum(o1 * o1, 0) + tl.sum(o2 * o2, 0)) / D + QK_EPS)
+            o1 = (o1 * r).to(dt).to(tl.float32)
+            o2 = (o2 * r).to(dt).to(tl.float32)
+        if h < HQ:
+            tl.store(q_ptr + h * D + pairs, o1.to(dt))
+            tl.store(q_ptr + h * D + half + pairs, o2.to(dt))
+        else:
+            base = kc_ptr + pos * stride_t + (h - HQ) * stride_h
+            tl.store(base + pairs, o1.to(dt))
+            tl.store(base + half + pairs, o2.to(dt))
+    else:
+        base = vc_ptr + pos * stride_t + (h - HQ - HK) * stride_h
+        tl.store(base + pairs, y1.to(dt))
+        tl.store(base + half + pairs, y2.to(dt))
+
+
+def norm_qkv_rope(x: torch.Tensor, norm_w: torch.Tensor | None, wqkv: torch.Tensor,
+                  cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, q_out: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, n_head: int, n_kv: int, eps: float,
+                  rope_sign: float = 1.0, qk_norm_eps: float | None = None) -> None:
+    """q_out <- rope(q); k_cache[pos], v_cache[pos] <- rope(k), v. Caches are one layer, (T, Hk, D)
+    (a leading batch dim of 1 is fine). cos/sin are fp32 (max_len, D/2) tables."""
+    heads = n_head + 2 * n_kv
+    d = wqkv.shape[0] // heads
+    k = x.shape[-1]
+    half = d // 2
+    bp = half
+    if qk_norm_eps is None:  # fewer pairs per program until the grid fills the GPU
+        while bp > 1 and heads * (half // bp) < 240:
+            bp //= 2
+    block_k = min(triton.next_power_of_2(k), max(64, 8192 // (2 * bp)))
+    _norm_qkv_rope_kernel[(heads, half // bp)](
+        x, norm_w if norm_w is not None else x, wqkv, cos, sin, pos, q_out, k_cache, v_cache,
+        k, eps, k_cache.stride(-3), k_cache.stride(-2),
+        HQ=n_head, HK=n_kv, D=d, BP=bp, BLOCK_K=block_k, ROPE_SIGN=rope_sign,
+        HAS_NW=norm_w is not None, QK_NORM=qk_norm_eps is not None, QK_EPS=qk_norm_eps or 0.0,
+        num_warps=4)

@@ -1,0 +1,48 @@
+"""`nanochat-tui bench` on a tiny model: it runs, the table comes first and the JSON line last."""
+
+from __future__ import annotations
+
+import json
+
+from chatapp.bench import main
+from chatapp.bench_peer import hf_static_decode
+from model.generate import Generator, SamplingConfig
+
+
+def test_bench_prints_table_then_one_json_line(capsys):
+    assert main(["--quick", "--models", "random:tiny", "--turns", "4", "--no-peer"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert any("multi-turn" in line for line in lines[:-1])
+    doc = json.loads(lines[-1])
+    (res,) = doc["models"]
+    assert doc["peak_bandwidth_gbs"] > 0
+    mt = res["multiturn"]
+    assert len(mt["persistent"]) == len(mt["reprefill"]) == 4
+    for row in mt["persistent"] + mt["reprefill"]:
+        assert set(row) >= {"turn", "history", "prefill_tokens", "ttft_ms", "decode_tok_s"}
+        assert row["ttft_ms"] > 0
+    # The persistent run prefills only the new tokens; the baseline the whole chat every turn.
+    last_ours, last_base = mt["persistent"][-1], mt["reprefill"][-1]
+    assert last_ours["prefill_tokens"] < last_base["prefill_tokens"] == last_ours["history"] + last_ours[
+        "prefill_tokens"]
+    assert mt["last_ttft_vs_first"] > 0 and mt["last_speedup_vs_reprefill"] > 0
+    assert mt["same_replies"] == 4  # greedy: both ways of building the cache give the same replies
+    assert [r["context"] for r in res["decode"]] == [64, 256]
+    for row in res["decode"]:
+        assert row["tpot_ms"] > 0 and row["tok_s"] > 0 and 0 < row["mbu"] < 1
+        assert row["bytes_per_token"] > res["weight_bytes_per_token"]  # weights plus the KV read
+
+
+def test_peer_runs_our_weights(tiny):
+    """The transformers twin decodes the same greedy tokens: the peer really runs our model."""
+    prompt = list(range(20, 50))
+    peer = hf_static_decode(tiny.model, prompt, 8)
+    gen = Generator(tiny.model, tiny.model.new_cache(128), tiny.model.config.vocab_size)  # HF argmaxes all ids
+    gen.configure(SamplingConfig(temperature=0.0))
+    gen.prefill(prompt)
+    ours = []
+    for _ in range(8):
+        ours.append(gen.sample())
+        gen.feed(ours[-1])
+    assert peer["first_tokens"] == ours
+    assert peer["tok_s"] > 0

@@ -1,0 +1,243 @@
+"""The GPU fast path: FA3, the fused Triton kernels, CUDA-graph decode across a whole chat.
+
+Tests marked `gpu` need CUDA (run them on the H200 through the device tool); set
+NANOCHAT_TEST_GGUF to the SmolLM2 .gguf to run them on the real model instead of random
+weights of its shape. The decode steps' device-position logic is checked on the CPU too.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from chatapp.events import Trimmed
+from chatapp.session import Session, Settings
+from model.generate import Generator, SamplingConfig
+from model.graphs import GraphConfig, build_step
+from model.loading import load_model
+from model.loading.base import LoadOptions
+
+FIX = Path(__file__).parent / "fixtures" / "nanochat"
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((a.double() - ref.double()).norm() / ref.double().norm())
+
+
+# --- on any device: the steps a graph captures equal the eager forward --------------------
+@pytest.mark.parametrize("spec", ["random:tiny", "oct2025", "jan2026", "head"])
+def test_device_position_step_matches_eager_forward(spec):
+    if spec.startswith("random:"):
+        lm = load_model(spec)
+    else:
+        lm = load_model(str(FIX / spec), LoadOptions(tokenizer=str(FIX / "tokenizer" / "tokenizer.pkl"), attn="sdpa"))
+    m = lm.model
+    ids = torch.randint(0, 200, (1, 20), generator=torch.Generator().manual_seed(0))
+    ref_cache, cache = m.new_cache(64), m.new_cache(64)
+    with torch.inference_mode():
+        m(ids, ref_cache)
+        m(ids, cache)
+        step = build_step(m, cache, GraphConfig(fused=False))
+        for t in (7, 11, 13):
+            ref = m(torch.tensor([[t]]), ref_cache)[0, -1]
+            step.tok.fill_(t)
+            out = step()
+            cache.pos += 1  # the step advances only the device counter; the caller owns the mirror
+            assert rel_err(out[:ref.shape[0]], ref) < 1e-5
+            assert int(cache.cache_seqlens) == cache.pos == ref_cache.pos
+    n = ref_cache.pos
+    assert torch.allclose(cache.k_cache[:, :, :n], ref_cache.k_cache[:, :, :n], atol=1e-5)
+    assert torch.allclose(cache.v_cache[:, :, :n], ref_cache.v_cache[:, :, :n], atol=1e-5)
+
+
+# --- GPU ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def lm():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    spec = os.environ.get("NANOCHAT_TEST_GGUF") or "random:smollm2-135m"
+    return load_model(spec, LoadOptions(device="cuda", dtype=torch.bfloat16))
+
+
+def attention_inputs(t_new: int, pos: int, hq: int, hk: int, d: int, cap: int = 512):
+    g = torch.Generator(device="cuda").manual_seed(pos * 7 + t_new)
+    rnd = lambda *s: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
+    return rnd(1, t_new, hq, d), rnd(1, cap, hk, d), rnd(1, cap, hk, d), rnd(1, t_new, hk, d), rnd(1, t_new, hk, d)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("t_new,pos,hq,hk,d", [(1, 300, 9, 3, 64), (37, 100, 9, 3, 64), (1, 77, 16, 16, 128),
+                                               (100, 0, 10, 10, 128)])
+def test_flash_matches_sdpa_within_twice_sdpa_bf16_error(t_new, pos, hq, hk, d):
+    from kvcache.attention import Attention
+    from kvcache.cache import KVCache
+    from kvcache.sdpa import sdpa_with_kvcache
+
+    attn = Attention("auto")
+    if attn.flash is None:
+        pytest.skip("no flash backend installed")
+    q, kc, vc, k, v = attention_inputs(t_new, pos, hq, hk, d)
+    ref = sdpa_with_kvcache(q, kc.clone(), vc.clone(), k, v, pos)  # fp32 reference
+    bf = [x.bfloat16() for x in (q, kc, vc, k, v)]
+    sdpa_bf16 = sdpa_with_kvcache(bf[0], bf[1].clone(), bf[2].clone(), bf[3], bf[4], pos)
+    cache = KVCache(1, hk, kc.shape[1], d, 1, "cuda", torch.bfloat16)
+    cache.k_cache[0].copy_(bf[1])
+    cache.v_cache[0].copy_(bf[2])
+    cache.advance(pos)
+    out = attn(bf[0], bf[3], bf[4], cache, 0)
+    assert attn.name == attn.flash.name
+    assert rel_err(out, ref) <= 2 * rel_err(sdpa_bf16, ref)
+    assert torch.equal(cache.k_cache[0, :, pos:pos + t_new], bf[3])  # appended in place
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("pos,hq,hk,d,splits", [(0, 9, 3, 64, 1), (300, 9, 3, 64, 8), (4000, 9, 3, 64, 16),
+                                                (1000, 16, 16, 128, 4)])
+def test_triton_decode_attention_within_twice_sdpa_bf16_error(pos, hq, hk, d, splits):
+    from kvcache.sdpa import sdpa_with_kvcache
+    from model.kernels.decode_attention import DecodeAttention
+
+    q, kc, vc, _, _ = attention_inputs(1, pos, hq, hk, d, cap=4096 + 64)
+    # The new key at `pos` is already in the cache, so the query sees keys [0, pos].
+    ref = sdpa_with_kvcache(q, kc[:, :pos + 1], vc[:, :pos + 1], None, None, pos, causal=True)
+    bq, bk, bv = q.bfloat16(), kc.bfloat16(), vc.bfloat16()
+    sdpa_bf16 = sdpa_with_kvcache(bq, bk[:, :pos + 1], bv[:, :pos + 1], None, None, pos, causal=True)
+    attn = DecodeAttention(hq, hk, d, kc.shape[1], "cuda", splits)
+    at = torch.tensor([pos], dtype=torch.int32, device="cuda")
+    for _ in range(2):  # twice: the per-head counters must be back at zero after a call
+        out = torch.full((hq * d,), float("nan"), device="cuda", dtype=torch.bfloat16)
+        attn(bq.view(-1), bk[0], bv[0], at, out)
+        assert not out.isnan().any()
+        assert int(attn.count.abs().sum()) == 0
+        out = out.view(hq, d)
+    assert rel_err(out, ref[0, 0]) <= 2 * rel_err(sdpa_bf16, ref)
+
+
+def greedy(gen: Generator, prompt: list[int], n: int) -> list[int]:
+    gen.configure(SamplingConfig(temperature=0.0))
+    gen.cache.reset()
+    gen.forget()
+    gen.prefill(prompt)
+    out = []
+    for _ in range(n):
+        out.append(gen.sample())
+        gen.feed(out[-1])
+    return out
+
+
+def chat_prompt(lm) -> list[int]:
+    t = lm.template
+    return t.start(t.default_system) + t.user_turn("Explain in detail how a hash map works, with an example.")
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("cfg", [GraphConfig(fused=False), GraphConfig(), GraphConfig(lookahead=False)],
+                         ids=["plain-graph", "fused", "fused-no-lookahead"])
+def test_graph_greedy_equals_eager_for_200_tokens(lm, cfg):
+    eager = Generator(lm.model, lm.model.new_cache(1024), lm.tokenizer.vocab_size, graphs=None)
+    graph = Generator(lm.model, lm.model.new_cache(1024), lm.tokenizer.vocab_size, graphs=cfg)
+    assert graph.graphs is not None
+    prompt = chat_prompt(lm)
+    ours = greedy(graph, prompt, 200)
+    if os.environ.get("NANOCHAT_TEST_GGUF"):  # a trained model has clear winners: exactly equal
+        assert ours == greedy(eager, prompt, 200)
+    # Teacher-forced, any weights: every graph token is eager's argmax, or ties with it to
+    # within bf16 noise (random weights have near-ties that summation order can flip).
+    eager.configure(SamplingConfig(temperature=0.0))
+    eager.prefill(prompt)
+    gaps = []
+    for tok in ours:
+        top = float(eager.logits.max())
+        ulp = 2.0 ** (torch.tensor(abs(top)).log2().floor().item() - 7)  # bf16 spacing at the top logit
+        gaps.append(float(top - eager.logits[tok]) / ulp)
+        eager.feed(tok)
+    print(f"max logit gap {max(gaps):.1f} bf16 ulps, exact argmax at {sum(g == 0 for g in gaps)}/200 steps")
+    assert max(gaps) <= 4
+
+
+def assert_cache_holds(lm, session: Session) -> None:
+    """The invariant, checked against eager execution: position by position, the cache holds
+    the K/V an eager prefill of tokens[:pos] computes, up to bf16 rounding (a stale or
+    misplaced entry is off by its whole size, rounding by a few percent at most)."""
+    n = session.cache.pos
+    ref = lm.model.new_cache(session.cache.capacity)
+    Generator(lm.model, ref, lm.tokenizer.vocab_size, graphs=None).prefill(session.tokens[:n])
+    for got, want in ((session.cache.k_cache, ref.k_cache), (session.cache.v_cache, ref.v_cache)):
+        g, w = got[:, 0, :n].float().transpose(0, 1), want[:, 0, :n].float().transpose(0, 1)
+        err = (g - w).flatten(1).norm(dim=1) / w.flatten(1).norm(dim=1)
+        assert float(err.max()) < 0.1, f"position {int(err.argmax())} differs by {float(err.max()):.3f}"
+    assert int(session.cache.cache_seqlens) == n
+
+
+def drain(events) -> list:
+    return list(events)
+
+
+@pytest.mark.gpu
+@cuda
+def test_cache_after_chat_with_rewinds_equals_eager(lm):
+    s = Session(lm, Settings(temperature=0.0, max_new_tokens=40), context=2048)
+    assert s.gen.graphs is not None
+    graph = s.gen.graphs.step_graph
+    for step in ["Hi! Name three fruits.", "/retry", "Now three vegetables.", "/undo", "Three colours?"]:
+        drain(s.run_command(step) if step.startswith("/") else s.send(step))
+        assert_cache_holds(lm, s)
+    s.settings = Settings(temperature=0.8, top_k=50, top_p=0.9, seed=1, max_new_tokens=40)
+    drain(s.send("And three animals, please."))
+    assert_cache_holds(lm, s)
+    assert s.gen.graphs.step_graph is graph  # captured once for the session
+
+
+@pytest.mark.gpu
+@cuda
+def test_graph_replays_after_reset_and_trim(lm):
+    s = Session(lm, Settings(temperature=0.0, max_new_tokens=60), context=256)
+    graph = s.gen.graphs.step_graph
+    trims = 0
+    for i in range(8):
+        trims += sum(isinstance(e, Trimmed) for e in s.send(f"Message {i}: tell me a fact about the sea."))
+        assert_cache_holds(lm, s)
+    assert trims > 0
+    drain(s.run_command("/reset"))
+    drain(s.send("After the reset: count to five."))
+    assert_cache_holds(lm, s)
+    assert s.history[-1].decode_tokens > 1
+    assert s.gen.graphs.step_graph is graph
+
+
+@pytest.mark.gpu
+@cuda
+def test_lookahead_recovers_when_the_sampled_token_is_not_fed(lm):
+    gen = Generator(lm.model, lm.model.new_cache(512), lm.tokenizer.vocab_size, graphs=GraphConfig())
+    eager = Generator(lm.model, lm.model.new_cache(512), lm.tokenizer.vocab_size, graphs=None)
+    prompt = chat_prompt(lm)
+    for g in (gen, eager):
+        g.configure(SamplingConfig(temperature=0.0))
+        g.prefill(prompt)
+    first = gen.sample()
+    assert gen.sample() == first == eager.sample()  # sampled twice, never fed: same logits
+    other = (first + 1) % lm.tokenizer.vocab_size
+    gen.feed(other)                                 # not the token the lookahead step used
+    eager.feed(other)
+    assert gen.sample() == eager.sample()
+    assert gen.cache.pos == eager.cache.pos == len(prompt) + 1
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("name", ["oct2025", "head"])
+def test_nanochat_graph_greedy_equals_eager(name):
+    opts = LoadOptions(device="cuda", dtype=torch.bfloat16, tokenizer=str(FIX / "tokenizer" / "tokenizer.pkl"))
+    nano = load_model(str(FIX / name), opts)
+    eager = Generator(nano.model, nano.model.new_cache(256), nano.tokenizer.vocab_size, graphs=None)
+    graph = Generator(nano.model, nano.model.new_cache(256), nano.tokenizer.vocab_size, graphs=GraphConfig())
+    assert graph.graphs is not None
+    prompt = chat_prompt(nano)
+    assert greedy(graph, prompt, 64) == greedy(eager, prompt, 64)
