@@ -38,6 +38,7 @@ class BenchArgs:
     peer: bool
     variants: bool
     profile: bool
+    ttft_reps: int
 
 
 def parse(argv: list[str]) -> BenchArgs:
@@ -50,6 +51,7 @@ def parse(argv: list[str]) -> BenchArgs:
     p.add_argument("--attn", default="auto", choices=["auto", "fa3", "fa2", "sdpa"])
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke run in seconds")
     p.add_argument("--turns", type=int, default=20)
+    p.add_argument("--ttft-reps", type=int, help="replays of each turn's prefill, median TTFT (GPU 3, CPU 1)")
     p.add_argument("--reply-tokens", type=int, help="tokens per scripted reply (GPU 256, CPU 8)")
     p.add_argument("--contexts", help="decode contexts, comma-separated (GPU 512,2048,8192; CPU 128,512)")
     p.add_argument("--decode-tokens", type=int, help="timed decode steps per context (GPU 256, CPU 16)")
@@ -69,7 +71,7 @@ def parse(argv: list[str]) -> BenchArgs:
         contexts=[int(c) for c in contexts.split(",")],
         decode_tokens=a.decode_tokens or (8 if quick else 256 if gpu else 16),
         eager_tokens=8 if quick or not gpu else 32, peer=not a.no_peer, variants=gpu and not a.no_variants,
-        profile=gpu and not a.no_profile)
+        profile=gpu and not a.no_profile, ttft_reps=a.ttft_reps or (3 if gpu else 1))
 
 
 def capacity_for(lm, args: BenchArgs) -> int:
@@ -128,7 +130,7 @@ def bench_model(spec: str, args: BenchArgs, peak: float) -> dict:
            "dtype": str(cache.dtype).removeprefix("torch."), "capacity": cache.capacity,
            "decode_engine": gen.graphs.name if gen.graphs is not None else "eager",
            "weight_bytes_per_token": weight_bytes_per_token(lm.model)}
-    res["multiturn"] = multiturn(lm, gen, args.turns, args.reply_tokens)
+    res["multiturn"] = multiturn(lm, gen, args.turns, args.reply_tokens, args.ttft_reps)
     res["decode"] = decode_rows(gen, lm, args, peak, args.decode_tokens)
     res["backend"] = lm.model.attn.name
     if args.profile and gen.graphs is not None:

@@ -18,7 +18,7 @@ def random_nanochat(shape: str, opts: LoadOptions) -> LoadedModel:
     from model.nanochat import Nanochat
     from model.nanochat_config import LATEST, NanochatConfig
 
-    cfg = NanochatConfig.for_generation(LATEST, sequence_len=2048, vocab_size=32768, **NANOCHAT_SHAPES[shape])
+    cfg = NanochatConfig.for_generation(LATEST, sequence_len=8192, vocab_size=32768, **NANOCHAT_SHAPES[shape])
     torch.manual_seed(0)
     model = Nanochat(cfg, _attention(opts))
     with torch.no_grad():

@@ -14,18 +14,15 @@ import torch
 
 
 def graph_step_us(graphs, reps: int = 200) -> float:
-    """Median-free but sync-free: mean GPU time of `reps` back-to-back replays, in µs."""
-    c = graphs.cache
-    pos = c.pos
-    if c.free < 1:
+    """Mean GPU time of `reps` back-to-back replays at one position, in µs (the step does not
+    advance the cache, so every replay does the same work)."""
+    if graphs.cache.free < 1:
         return float("nan")
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     graphs.step_graph.replay()  # warm
-    c.cache_seqlens.fill_(pos)
     start.record()
     for _ in range(reps):
         graphs.step_graph.replay()
-        c.cache_seqlens.fill_(pos)  # stay at one position: every replay does the same work
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1000 / reps
@@ -35,16 +32,12 @@ def kernel_table(graphs, steps: int = 5, top: int = 12) -> list[dict]:
     """Per-token kernel time by kernel name (eager launches of the captured step's code)."""
     from torch.profiler import ProfilerActivity, profile
 
-    c = graphs.cache
-    pos = c.pos
     with torch.inference_mode():
         graphs.step()
-        c.cache_seqlens.fill_(pos)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(steps):
                 graphs.step()
-                c.cache_seqlens.fill_(pos)
             torch.cuda.synchronize()
     per: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for ev in prof.events():

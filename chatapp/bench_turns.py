@@ -7,6 +7,7 @@ cache, as nanochat's chat_cli does. Replies are greedy and exactly `reply_tokens
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass
 
@@ -44,9 +45,11 @@ class TurnRow:
     decode_tok_s: float
 
 
-def run_turns(lm: LoadedModel, gen: Generator, turns: int, reply_tokens: int, persistent: bool
-              ) -> tuple[list[TurnRow], list[list[int]]]:
-    """Play the script; returns per-turn rows and the replies (to check both runs agree)."""
+def run_turns(lm: LoadedModel, gen: Generator, turns: int, reply_tokens: int, persistent: bool,
+              reps: int = 1) -> tuple[list[TurnRow], list[list[int]]]:
+    """Play the script; returns per-turn rows and the replies (to check both runs agree).
+    Each turn's TTFT is the median of `reps` replays of its prefill and first sample, each
+    from the same starting cache (a single sample is at the mercy of one GC pause)."""
     tmpl, cache = lm.template, gen.cache
     gen.configure(SamplingConfig(temperature=0.0))
     cache.reset()
@@ -56,14 +59,18 @@ def run_turns(lm: LoadedModel, gen: Generator, turns: int, reply_tokens: int, pe
     for i in range(turns):
         tokens += tmpl.user_turn(user_message(i))
         history = cache.pos
-        sync(cache.device)
-        t0 = time.perf_counter()
-        if not persistent:
-            cache.reset()
+        ttfts = []
+        for _ in range(reps):
+            cache.rewind(history)
             gen.forget()
-        pending = tokens[cache.pos:]
-        gen.prefill(pending)
-        tok = gen.sample()
+            sync(cache.device)
+            t0 = time.perf_counter()
+            if not persistent:
+                cache.reset()
+            pending = tokens[cache.pos:]
+            gen.prefill(pending)
+            tok = gen.sample()
+            ttfts.append(time.perf_counter() - t0)
         t_first = time.perf_counter()
         reply = [tok]
         for _ in range(reply_tokens - 1):
@@ -74,7 +81,7 @@ def run_turns(lm: LoadedModel, gen: Generator, turns: int, reply_tokens: int, pe
         tokens += reply + tmpl.end_reply()  # the last reply token stays pending, as in the session
         decode_s = t_end - t_first
         rate = (reply_tokens - 1) / decode_s if reply_tokens > 1 and decode_s > 0 else 0.0
-        rows.append(TurnRow(i + 1, history, len(pending), (t_first - t0) * 1000, rate))
+        rows.append(TurnRow(i + 1, history, len(pending), statistics.median(ttfts) * 1000, rate))
         replies.append(reply)
     return rows, replies
 
@@ -84,14 +91,14 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def multiturn(lm: LoadedModel, gen: Generator, turns: int, reply_tokens: int) -> dict:
+def multiturn(lm: LoadedModel, gen: Generator, turns: int, reply_tokens: int, reps: int = 1) -> dict:
     """Both runs, and the figures the targets are stated in."""
     run_turns(lm, gen, 2, 4, persistent=True)  # warm-up: first-call costs stay out of turn 1
-    ours, ours_replies = run_turns(lm, gen, turns, reply_tokens, persistent=True)
-    base, base_replies = run_turns(lm, gen, turns, reply_tokens, persistent=False)
+    ours, ours_replies = run_turns(lm, gen, turns, reply_tokens, persistent=True, reps=reps)
+    base, base_replies = run_turns(lm, gen, turns, reply_tokens, persistent=False, reps=reps)
     last = turns - 1
     return {
-        "turns": turns, "reply_tokens": reply_tokens, "history_at_last_turn": ours[last].history,
+        "turns": turns, "reply_tokens": reply_tokens, "ttft_reps": reps, "history_at_last_turn": ours[last].history,
         "persistent": [asdict(r) for r in ours], "reprefill": [asdict(r) for r in base],
         "last_ttft_vs_first": ours[last].ttft_ms / ours[0].ttft_ms,
         "last_speedup_vs_reprefill": base[last].ttft_ms / ours[last].ttft_ms,

@@ -1,15 +1,15 @@
 """CUDA-graph decode: one captured step per session, replayed for every token.
 
 The step (model/kernels/) reads the token from a static buffer and its position from
-`cache_seqlens` on the device, writes static logits and advances `cache_seqlens` itself, so
-one capture stays valid at any position: across turns, rewinds, /reset and trims. Sampling
-is a second small graph that writes the token straight into the step's input buffer.
+`cache_seqlens` on the device and writes static logits, so one capture stays valid at any
+position: across turns, rewinds, /reset and trims. Sampling is a second small graph that
+writes the token straight into the step's input buffer.
 
 One host sync per token: `sample()` copies the token to pinned memory and, before waiting
-for it, already launches the next step with it (lookahead). If the caller then feeds that
-same token, the step is done; anything else (a stop token, a rewind, another token) first
-"settles" the device counter back to the host's `cache.pos`, and the speculative K/V past
-the cache end is simply never read (docs/cache-invariant.md).
+for it, already launches the next step with it (lookahead): its K/V land at cache_seqlens,
+past the cache's end, where nothing reads them (docs/cache-invariant.md). Only `feed()` of
+that same token advances the cache; anything else (a stop token, a rewind, another token)
+just drops the speculative result. So `cache_seqlens == cache.pos` holds at every moment.
 """
 
 from __future__ import annotations
@@ -123,7 +123,6 @@ class GraphDecoder:
         c = self.cache
         if c.free < 1:
             raise RuntimeError("cannot capture the decode step with a full cache")
-        pos = c.pos
         graph = torch.cuda.CUDAGraph()
         if rng is not None and hasattr(graph, "register_generator_state"):
             graph.register_generator_state(rng)
@@ -133,19 +132,15 @@ class GraphDecoder:
         with torch.cuda.stream(side):  # warm-up compiles the kernels; its K/V land past the end
             for _ in range(2):
                 fn()
-                c.cache_seqlens.fill_(pos)
         torch.cuda.current_stream().wait_stream(side)
         with torch.cuda.graph(graph, pool=self.pool):
             fn()
-        c.cache_seqlens.fill_(pos)
         return graph
 
     # --- the state the host and the device must agree on -----------------------
     def settle(self) -> None:
-        """Undo a speculative step: the device counter goes back to the host's cache.pos."""
-        if self.ahead is not None:
-            self.cache.cache_seqlens.fill_(self.cache.pos)
-            self.ahead = None
+        """Drop a speculative step: its K/V sit past the cache end and its logits are stale."""
+        self.ahead = None
 
     def load_logits(self, logits: torch.Tensor, last_tok: int) -> None:
         """After an eager prefill: its last logits become the sampler's input."""
@@ -167,7 +162,7 @@ class GraphDecoder:
         self._advanced(tok)
 
     def _advanced(self, tok: int) -> None:
-        self.cache.pos += 1  # the graph advanced cache_seqlens; this is its host mirror
+        self.cache.advance(1)  # host mirror and device counter, queued after the step
         self.last_tok = tok
         if self.attn is not None:
             self.attn.used.add(self.step.attn_name)

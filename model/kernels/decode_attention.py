@@ -3,7 +3,7 @@
 Each program takes one KV head with its whole GQA group of query heads (padded to 16
 rows so the two products run on tensor cores) and a contiguous range of key blocks, and
 writes an fp32 partial output with its log-sum-exp. The last program of a KV head to
-finish (an atomic counter tells it) merges the partials and writes the bf16 output, so
+finish (an atomic counter of live splits tells it) merges the partials and writes the bf16 output, so
 no combine kernel runs. The key count comes from `cache_seqlens` on the device (the new
 token's K/V were written just before) and the split count is fixed: safe in a CUDA graph.
 """
@@ -54,7 +54,7 @@ def _decode_attn_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, lse_ptr, out_ptr,
     offs_d = tl.arange(0, D)
     heads = kvh * G + rows
     hm = rows < G
-    if sp < active:
+    if sp < active:  # a split that owns no keys does nothing: the merge counts only live ones
         q = tl.load(q_ptr + heads[:, None] * D + offs_d[None, :], mask=hm[:, None], other=0.0)
         m = tl.full([G_PAD], float("-inf"), tl.float32)
         lsum = tl.zeros([G_PAD], tl.float32)
@@ -77,14 +77,14 @@ def _decode_attn_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, lse_ptr, out_ptr,
         lse = m / 1.4426950408889634 + tl.log(lsum)
         tl.store(o_ptr + (sp * NH + heads[:, None]) * D + offs_d[None, :], acc / lsum[:, None], mask=hm[:, None])
         tl.store(lse_ptr + sp * NH + heads, lse, mask=hm)
-    # Every program checks in; the last one of this KV head merges. The barrier makes all of
-    # this program's stores part of what the release (acq_rel) publishes.
-    tl.debug_barrier()
-    done = tl.atomic_add(count_ptr + kvh, 1, sem="acq_rel")
-    tl.debug_barrier()
-    if done == SPLITS - 1:
-        _merge(o_ptr, lse_ptr, out_ptr, heads, hm, active, NH, D, G_PAD)
-        tl.atomic_xchg(count_ptr + kvh, 0)   # ready for the next call (and the next replay)
+        # Each live split checks in; the last one of this KV head merges. The barrier makes all
+        # of this program's stores part of what the release (acq_rel) publishes.
+        tl.debug_barrier()
+        done = tl.atomic_add(count_ptr + kvh, 1, sem="acq_rel")
+        tl.debug_barrier()
+        if done == active - 1:
+            _merge(o_ptr, lse_ptr, out_ptr, heads, hm, active, NH, D, G_PAD)
+            tl.atomic_xchg(count_ptr + kvh, 0)   # ready for the next call (and the next replay)
 
 
 def default_splits(n_kv: int, capacity: int) -> int:

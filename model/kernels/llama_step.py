@@ -46,7 +46,7 @@ class _Layer:
 
 
 class LlamaFusedStep:
-    """Same contract as LlamaTorchStep: feed `tok` at cache_seqlens, write `logits`, advance."""
+    """Same contract as LlamaTorchStep: feed `tok` at cache_seqlens, write `logits`."""
 
     def __init__(self, model: Llama, cache: KVCache, attn: str = "triton", splits: int = 0,
                  num_splits: int = 1):
@@ -105,5 +105,4 @@ class LlamaFusedStep:
             norm_gemv(self.x, L.ln2, L.wgu, self.h, self.eps, ACT_SWIGLU)
             gemv_residual(L.wdown, self.h, self.x)
         norm_gemv(self.x, m.model.norm.weight, m.lm_head.weight, self.logits, self.eps)
-        c.cache_seqlens.add_(1)
         return self.logits

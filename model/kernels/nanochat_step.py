@@ -15,7 +15,7 @@ from model.nanochat import TOKENS_STATE, Nanochat, apply_rotary, norm
 
 
 class NanochatTorchStep:
-    """Feed `tok` at cache_seqlens, write `logits`, advance cache_seqlens (not cache.pos)."""
+    """Feed `tok` at cache_seqlens and write `logits`; the caller advances the cache."""
 
     name = "torch"
 
@@ -92,5 +92,4 @@ class NanochatTorchStep:
             x = x - m.backout_lambda.to(x.dtype) * x_backout
         logits = m.lm_head(norm(x))[0, 0, :cfg.vocab_size].float()
         self.logits.copy_(cfg.softcap * torch.tanh(logits / cfg.softcap))
-        c.cache_seqlens.add_(1)
         return self.logits

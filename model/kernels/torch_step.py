@@ -16,8 +16,8 @@ from model.llama import Llama, apply_rotary
 
 
 class LlamaTorchStep:
-    """`step()` feeds `tok` at position cache_seqlens, writes `logits` and advances cache_seqlens.
-    It leaves the host mirror `cache.pos` alone: the caller owns it."""
+    """`step()` feeds `tok` at position cache_seqlens and writes `logits`. It does not advance
+    the cache: the caller does (`cache.advance(1)`) once the token is really fed."""
 
     name = "torch"
 
@@ -64,5 +64,4 @@ class LlamaTorchStep:
             x = x + a.o_proj(self._attend(q, kc, vc, pos).reshape(1, 1, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         self.logits.copy_(m.lm_head(m.model.norm(x))[0, 0])
-        c.cache_seqlens.add_(1)
         return self.logits
