@@ -137,7 +137,7 @@ class ChatApp(App[None]):
         tools = s.template.tool_tokens or {}
         self.transcript.markers = {name: s.tok.decode([i]) for name, i in tools.items()}
         self.sub_title = s.lm.name
-        await self.transcript.remove_children()
+        await self.show_history()
         await self.transcript.notice(f"{s.lm.name} is ready. Enter sends, Ctrl+J adds a line, "
                                      "Esc stops a reply, F1 shows help.", "dim")
         self.input.disabled = False
@@ -198,7 +198,7 @@ class ChatApp(App[None]):
         if isinstance(ev, ToolCall):
             await (await t.reply()).add_tool_call(ev)
         elif isinstance(ev, TurnStats):
-            await (await t.reply()).finish(ev)
+            await (await t.reply()).finish(ev.stop, len(ev.tool_calls))
             self.panel.show_turn(ev)
         elif isinstance(ev, CacheState):
             await self.on_cache_state(ev)
@@ -224,8 +224,17 @@ class ChatApp(App[None]):
             await t.remove_last_reply()
         elif ev.event == "undo":
             await t.remove_last_exchange()
-        elif ev.detail:
-            await t.notice(ev.detail, "dim")
+        else:  # the conversation was replaced (a stored chat opened): show it as the session has it
+            await self.show_history()
+            self.panel.clear_turns()
+            if ev.detail:
+                await t.notice(ev.detail, "dim")
+
+    async def show_history(self) -> None:
+        """Redraw the transcript from the session's exchanges."""
+        await self.transcript.clear()
+        for ex in self.session.exchanges:
+            await self.transcript.add_exchange(ex.user, ex.reply, ex.tool_calls)
 
     async def on_error(self, ev: Error) -> None:
         if self.turn_kind == "send" and (text := await self.transcript.drop_unanswered()) is not None:

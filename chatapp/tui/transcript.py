@@ -12,7 +12,7 @@ from textual.content import Content
 from textual.widgets import Markdown, ProgressBar, Static
 from textual.widgets.markdown import MarkdownStream
 
-from chatapp.events import ToolCall, TurnStats
+from chatapp.events import ToolCall
 
 STOP_NOTES = {"cancel": "stopped (Esc)", "length": "cut at max_new_tokens"}
 
@@ -137,14 +137,14 @@ class Reply(Vertical):
         await self._close_open()
         await self.mount(ToolCallView(call))
 
-    async def finish(self, stats: TurnStats) -> None:
+    async def finish(self, stop: str, tool_calls: int = 0) -> None:
         """The final full update: each block re-rendered once from its whole text."""
         await self._close_open()
         for seg in self.segments:
             await seg.widget.update("".join(seg.parts))
-        if not self.segments and not stats.tool_calls:
+        if not self.segments and not tool_calls:
             await self.mount(Notice("(empty reply)", "dim"))
-        if note := STOP_NOTES.get(stats.stop):
+        if note := STOP_NOTES.get(stop):
             self.border_subtitle = note
         self.finished = True
 
@@ -197,6 +197,15 @@ class Transcript(VerticalScroll, can_focus=True):
         self.exchanges[-1].reply = r
         await self.mount(r)
         return r
+
+    async def add_exchange(self, user: str, reply: str, tool_calls: list[ToolCall]) -> None:
+        """A finished exchange at once (a restored chat); its tool calls follow its text."""
+        await self.add_user(user)
+        r = await self.reply()
+        await r.write(reply)
+        for call in tool_calls:
+            await r.add_tool_call(call)
+        await r.finish("end", len(tool_calls))
 
     async def notice(self, text: str, kind: str = "info") -> None:
         await self.mount(Notice(text, kind))
