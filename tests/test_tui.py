@@ -100,6 +100,7 @@ async def test_escape_cancels_and_the_next_turn_continues_from_the_partial_reply
         reply = app.transcript.exchanges[0].reply
         assert reply.text == s.exchanges[0].reply and reply.border_subtitle == "stopped (Esc)"
 
+        await submit(pilot, "/set max_new_tokens=8")
         await submit(pilot, "go on")  # still usable, and the partial reply stayed in the cache
         assert s.history[-1].cached_before == st.cache_seqlens
         assert row(app, "cache_seqlens") == f"{s.cache.pos} / 2048"

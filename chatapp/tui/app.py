@@ -16,13 +16,12 @@ from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
 from chatapp.commands import COMMANDS, parse_command
 from chatapp.events import CacheState, Error, Event, Info, Quit, ToolCall, Trimmed, TurnStats
-from chatapp.tui.bridge import Gate, SessionEvent, TextBatch, TurnFinished, pump
+from chatapp.tui.bridge import Gate, Loaded, LoadFailed, LoadProgress, SessionEvent, TextBatch, TurnFinished, pump
 from chatapp.tui.cache_panel import CachePanel, read_memory
 from chatapp.tui.input import ChatInput
 from chatapp.tui.screens import ErrorScreen, HelpScreen
@@ -33,27 +32,6 @@ Opener = Callable[[argparse.Namespace, Callable[[object], None]], Any]
 
 PANEL_REFRESH_S = 0.25  # the panel updates at least 4 times a second while the model writes
 NEEDS_ARGUMENT = ("/system", "/set")
-
-
-class Loaded(Message):
-    def __init__(self, session) -> None:
-        super().__init__()
-        self.session = session
-
-
-class LoadProgress(Message):
-    """A line from the loader; a pull's progress events also carry the fraction done."""
-
-    def __init__(self, progress: object) -> None:
-        super().__init__()
-        self.text = str(progress)
-        self.fraction: float | None = getattr(progress, "fraction", None)
-
-
-class LoadFailed(Message):
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
 
 
 class ChatApp(App[None]):

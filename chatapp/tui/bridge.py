@@ -9,6 +9,8 @@ The `Gate` adds back-pressure: one batch is in flight at a time, and the next wa
 twice as long as the UI took to draw the last one. Drawing holds the GIL, and a decode step
 waits for the GIL between torch ops, so a UI that is never idle would slow the model down;
 this keeps the UI busy at most about half the time, whatever the terminal's speed.
+
+The load worker's messages (`Loaded`, `LoadProgress`, `LoadFailed`) cross the same way.
 """
 
 from __future__ import annotations
@@ -42,6 +44,31 @@ class SessionEvent(Message):
 
 class TurnFinished(Message):
     """The worker is done with one input: the UI may take the next one."""
+
+
+class Loaded(Message):
+    """From the load worker: the session is ready."""
+
+    def __init__(self, session) -> None:
+        super().__init__()
+        self.session = session
+
+
+class LoadProgress(Message):
+    """A line from the loader; a pull's progress events also carry the fraction done."""
+
+    def __init__(self, progress: object) -> None:
+        super().__init__()
+        self.text = str(progress)
+        self.fraction: float | None = getattr(progress, "fraction", None)
+
+
+class LoadFailed(Message):
+    """From the load worker: one readable line."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
 
 
 class Gate:
