@@ -120,7 +120,8 @@ class ChatKeeper:
     # --- SQLite -------------------------------------------------------------------
     def signature(self) -> tuple:
         s = self.session
-        return len(s.tokens), hash(tuple(s.tokens)), repr(dataclasses.asdict(s.settings)), self.title
+        # cache.pos too: a greedy /retry can give back the same tokens with a different pending tail
+        return len(s.tokens), hash(tuple(s.tokens)), s.cache.pos, repr(dataclasses.asdict(s.settings)), self.title
 
     def commit(self, force: bool = False) -> Iterator[Event]:
         """Store the chat if it changed (an empty new chat is not stored unless forced)."""

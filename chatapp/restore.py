@@ -104,15 +104,16 @@ def apply_settings(session: Session, chat: ChatData) -> None:
 
 
 def restore(session: Session, chat: ChatData, identity: ModelIdentity, folder: Path | None) -> Restored:
-    """Make `session` continue `chat`. Raises StoreError (session unchanged) if it cannot fit."""
+    """Make `session` continue `chat`. StoreError (the session unchanged) if it cannot fit."""
     tokens, exchanges, note = conversation(session, chat)
-    room = session.cache.capacity - 1
-    if len(tokens) > room:
-        raise StoreError(f"chat {chat.id} holds {len(tokens)} tokens, more than this cache's {room} "
+    target = len(tokens) if note else min(max(chat.cache_pos, 0), len(tokens))
+    # What was cached must fit; a pending tail past the end is fine, as in a live session (the
+    # next turn trims).
+    if target > session.cache.capacity:
+        raise StoreError(f"chat {chat.id} holds {target} tokens, more than this cache's {session.cache.capacity} "
                          "(raise --context)")
     apply_settings(session, chat)
     session.adopt(tokens, exchanges)
-    target = len(tokens) if note else min(max(chat.cache_pos, 0), len(tokens))
     n, why = 0, note
     if folder is not None and not note:
         n, why = from_snapshot(session, tokens, identity, folder, target)

@@ -181,7 +181,7 @@ def test_a_chat_longer_than_the_context_is_refused_and_nothing_changes(keeper, t
     list(small.send("mine"))
     before = list(small.session.tokens)
     (err,) = list(small.run_command(f"/load {keeper.chat_id}"))
-    assert isinstance(err, Error) and "more than this cache's 127" in err.message and "--context" in err.message
+    assert isinstance(err, Error) and "more than this cache's 128" in err.message and "--context" in err.message
     assert small.session.tokens == before and small.chat_id != keeper.chat_id
 
 

@@ -106,6 +106,6 @@ class ChatMachine(RuleBasedStateMachine):
 
 
 TestChatMachine = ChatMachine.TestCase
-TestChatMachine.settings = settings(max_examples=int(os.environ.get("HYPOTHESIS_EXAMPLES", "12")),
-                                    stateful_step_count=12, deadline=None,
+TestChatMachine.settings = settings(max_examples=int(os.environ.get("HYPOTHESIS_EXAMPLES", "25")),
+                                    stateful_step_count=20, deadline=None,
                                     suppress_health_check=[HealthCheck.too_slow])
