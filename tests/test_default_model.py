@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -27,26 +26,10 @@ OFFLINE = {"PIP_INDEX_URL": "http://127.0.0.1:9/", "PIP_FIND_LINKS": "", "PIP_EX
            "PIP_CONFIG_FILE": os.devnull, "PIP_RETRIES": "0"}
 
 
-@dataclass
-class Pulled:
-    home: Path
-    model_dir: Path
-    seconds: float
-
-
 def cli(*args: str, home: Path, stdin: str = "", extra_env: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "NANOCHAT_TUI_HOME": str(home), **(extra_env or {})}
     return subprocess.run([sys.executable, "-m", "chatapp.cli", *args], input=stdin, capture_output=True,
                           text=True, env=env, timeout=900)
-
-
-@pytest.fixture(scope="session")
-def pulled(tmp_path_factory) -> Pulled:
-    home = tmp_path_factory.mktemp("nanochat-home")
-    t0 = time.perf_counter()
-    r = cli("pull", home=home)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return Pulled(home, Path(r.stdout.strip().splitlines()[-1]), time.perf_counter() - t0)
 
 
 @pytest.fixture(scope="session")

@@ -51,11 +51,8 @@ async def test_tool_calls_are_shown_apart_from_the_reply():
         assert view.call == ToolCall("12*7", "84") and replies(app) == [" ok"]
 
 
-async def test_the_default_model_chats_in_the_app():
-    from chatapp.pull import default_model_dir, is_installed
-
-    if not is_installed(default_model_dir()):
-        pytest.skip(f"the default model is not pulled into {default_model_dir()} (run nanochat-tui pull)")
+async def test_the_default_model_chats_in_the_app(pulled, monkeypatch):
+    monkeypatch.setenv("NANOCHAT_TUI_HOME", str(pulled.home))  # where a plain `nanochat-tui` looks
     args = chat_parser().parse_args(["--temperature", "0", "--max-new-tokens", "12"])  # no --model
     app = ChatApp(args)
     async with app.run_test(size=SIZE) as pilot:
