@@ -171,14 +171,15 @@ def test_graph_greedy_equals_eager_for_200_tokens(lm, cfg):
 def assert_cache_holds(lm, session: Session) -> None:
     """The invariant, checked against eager execution: position by position, the cache holds
     the K/V an eager prefill of tokens[:pos] computes, up to bf16 rounding (a stale or
-    misplaced entry is off by its whole size, rounding by a few percent at most)."""
+    misplaced entry is off by about its whole size; rounding reached 11% on random weights
+    and stayed under 10% on the real SmolLM2)."""
     n = session.cache.pos
     ref = lm.model.new_cache(session.cache.capacity)
     Generator(lm.model, ref, lm.tokenizer.vocab_size, graphs=None).prefill(session.tokens[:n])
     for got, want in ((session.cache.k_cache, ref.k_cache), (session.cache.v_cache, ref.v_cache)):
         g, w = got[:, 0, :n].float().transpose(0, 1), want[:, 0, :n].float().transpose(0, 1)
         err = (g - w).flatten(1).norm(dim=1) / w.flatten(1).norm(dim=1)
-        assert float(err.max()) < 0.1, f"position {int(err.argmax())} differs by {float(err.max()):.3f}"
+        assert float(err.max()) < 0.3, f"position {int(err.argmax())} differs by {float(err.max()):.3f}"
     assert int(session.cache.cache_seqlens) == n
 
 
