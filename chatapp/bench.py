@@ -39,6 +39,7 @@ class BenchArgs:
     variants: bool
     profile: bool
     ttft_reps: int
+    resume: bool
 
 
 def parse(argv: list[str]) -> BenchArgs:
@@ -58,6 +59,7 @@ def parse(argv: list[str]) -> BenchArgs:
     p.add_argument("--no-peer", action="store_true", help="skip transformers' static-cache generate")
     p.add_argument("--no-variants", action="store_true", help="skip eager / plain-graph / FA3 comparisons")
     p.add_argument("--no-profile", action="store_true", help="skip the per-kernel profile of a decode step")
+    p.add_argument("--resume", action="store_true", help="also time resuming a stored chat (chatapp.bench_resume)")
     a = p.parse_args(argv)
     device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     gpu = device.startswith("cuda")
@@ -71,7 +73,8 @@ def parse(argv: list[str]) -> BenchArgs:
         contexts=[int(c) for c in contexts.split(",")],
         decode_tokens=a.decode_tokens or (8 if quick else 256 if gpu else 16),
         eager_tokens=8 if quick or not gpu else 32, peer=not a.no_peer, variants=gpu and not a.no_variants,
-        profile=gpu and not a.no_profile, ttft_reps=a.ttft_reps or (3 if gpu else 1))
+        profile=gpu and not a.no_profile, ttft_reps=a.ttft_reps or (3 if gpu else 1),
+        resume=a.resume)
 
 
 def capacity_for(lm, args: BenchArgs) -> int:
@@ -118,6 +121,18 @@ def profile(gen: Generator, context: int) -> dict:
             "kernels": kernel_table(gen.graphs)}
 
 
+def resume_figures(lm, args: BenchArgs) -> dict:
+    """The chat keeper's resume benchmark on the same model (its own store, its own sessions)."""
+    from chatapp.bench_resume import bench_resume
+
+    tokens = 256 if args.reply_tokens <= 8 else 4096
+    try:
+        return bench_resume(lm, chat_tokens=min(tokens, lm.context_length - 600), device=args.device,
+                            dtype=args.dtype)
+    except Exception as e:  # reported, not fatal to the figures above
+        return {"skipped": f"{type(e).__name__}: {e}"[:300]}
+
+
 def bench_model(spec: str, args: BenchArgs, peak: float) -> dict:
     from chatapp.bench_models import resolve
     from chatapp.bench_peer import hf_static_decode
@@ -145,6 +160,8 @@ def bench_model(spec: str, args: BenchArgs, peak: float) -> dict:
         if "tok_s" in res["peer"]:
             res["peer"]["ours_tok_s"] = ours["tok_s"]
             res["peer"]["ratio"] = ours["tok_s"] / res["peer"]["tok_s"]
+    if args.resume:
+        res["resume"] = resume_figures(lm, args)
     del cache, lm
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()

@@ -48,6 +48,9 @@ def print_model(res: dict) -> None:
 
         pr = res["profile"]
         print_profile(f"at context {pr['context']}", pr["graph_step_us"], pr["kernels"])
+    if "resume" in res:
+        print("resume (chatapp.bench_resume): " + ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
+                                                          for k, v in res["resume"].items()))
     peer = res.get("peer")
     if peer and "tok_s" in peer:
         print(f"peer: transformers generate, static cache: {peer['tok_s']:.0f} tok/s; ours "
