@@ -94,7 +94,8 @@ class Fingerprint:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         if self._value is None and next(lm.model.parameters()).device.type == "cpu":
-            self._thread = threading.Thread(target=self.get, name="fingerprint", daemon=True)
+            # Not a daemon: a process that exits mid-hash would abort inside torch (seen as SIGABRT).
+            self._thread = threading.Thread(target=self.get, name="fingerprint")
             self._thread.start()
 
     def get(self) -> ModelIdentity:
