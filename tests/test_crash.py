@@ -85,8 +85,9 @@ def test_kill_9_mid_reply_never_loses_a_reported_turn(tmp_path, tiny):
     # whatever the kills left on disk opens into a correct cache
     from chatapp.persist import ChatKeeper
 
-    if prev_id:
+    last, chat_id = stored_turns(tmp_path)
+    if chat_id:
         k = ChatKeeper(Session(tiny, Settings(), context=tiny.context_length), ChatStore(tmp_path))
-        k.open(prev_id)
+        k.open(chat_id)
         assert_invariant(k.session)
-        assert [(ex.user, ex.reply) for ex in k.session.exchanges] == before
+        assert [(ex.user, ex.reply) for ex in k.session.exchanges] == last
