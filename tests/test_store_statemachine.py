@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from chatapp.persist import ChatKeeper
 from chatapp.restore import stored_conversation
@@ -43,6 +43,11 @@ class ChatMachine(RuleBasedStateMachine):
     @property
     def session(self) -> Session:
         return self.keeper.session
+
+    @initialize(text=st.text(alphabet="abxyz", min_size=1, max_size=8))
+    def first_turn(self, text):
+        """Every run starts with a stored chat, so short runs still retry, undo and reload it."""
+        drain(self.keeper.send(text))
 
     @rule(text=st.text(alphabet="abxyz ?", min_size=1, max_size=20))
     def send(self, text):
@@ -106,6 +111,6 @@ class ChatMachine(RuleBasedStateMachine):
 
 
 TestChatMachine = ChatMachine.TestCase
-TestChatMachine.settings = settings(max_examples=int(os.environ.get("HYPOTHESIS_EXAMPLES", "25")),
+TestChatMachine.settings = settings(max_examples=int(os.environ.get("HYPOTHESIS_EXAMPLES", "40")),
                                     stateful_step_count=20, deadline=None,
                                     suppress_health_check=[HealthCheck.too_slow])
