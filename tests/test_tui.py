@@ -87,7 +87,8 @@ async def test_retry_and_undo_move_the_cache_as_the_session_says():
 
 
 async def test_escape_cancels_and_the_next_turn_continues_from_the_partial_reply():
-    app = make_app("--max-new-tokens", "100000", "--temperature", "1")
+    # greedy: random:tiny's greedy reply to this never samples a stop token, so only Esc can end it
+    app = make_app("--max-new-tokens", "100000", "--temperature", "0")
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         s = app.session
@@ -96,7 +97,7 @@ async def test_escape_cancels_and_the_next_turn_continues_from_the_partial_reply
         await pilot.press("escape")
         await until(pilot, lambda: not app.busy, what="the cancelled turn to end")
         st = s.history[-1]
-        assert st.stop == "cancel" and 0 < st.decode_tokens < s.cache.capacity // 2
+        assert st.stop == "cancel" and st.decode_tokens > 0  # "cancel" only comes from Esc
         reply = app.transcript.exchanges[0].reply
         assert reply.text == s.exchanges[0].reply and reply.border_subtitle == "stopped (Esc)"
 
@@ -201,7 +202,7 @@ async def test_transcript_follows_the_reply_until_the_user_scrolls_up():
 
 
 async def test_panel_updates_while_the_model_writes():
-    app = make_app("--max-new-tokens", "100000", "--temperature", "1")
+    app = make_app("--max-new-tokens", "100000", "--temperature", "0")  # greedy: never stops by itself
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await pilot.press(*"go", "enter")

@@ -25,6 +25,7 @@ class Tmux:
         self.target = name
         w, h = size
         self._tmux("new-session", "-d", "-s", name, "-x", str(w), "-y", str(h), command)
+        self._tmux("resize-window", "-t", name, "-x", str(w), "-y", str(h))  # no client: pin the size
 
     def _tmux(self, *args: str) -> str:
         out = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=30)

@@ -23,6 +23,7 @@ from chatapp.commands import COMMANDS, parse_command
 from chatapp.events import CacheState, Error, Event, Info, Quit, ToolCall, Trimmed, TurnStats
 from chatapp.tui.bridge import Gate, Loaded, LoadFailed, LoadProgress, SessionEvent, TextBatch, TurnFinished, pump
 from chatapp.tui.cache_panel import CachePanel, read_memory
+from chatapp.tui.chats_screen import ChatAction, ChatsScreen
 from chatapp.tui.input import ChatInput
 from chatapp.tui.screens import ErrorScreen, HelpScreen
 from chatapp.tui.transcript import LoadStatus, Transcript
@@ -40,17 +41,22 @@ class ChatApp(App[None]):
     BINDINGS = [
         Binding("escape", "stop", "Stop reply"),
         Binding("f1", "help", "Help"),
+        Binding("ctrl+o", "chats", "Chats"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
     def __init__(self, args: argparse.Namespace, stable: bool = False, opener: Opener | None = None) -> None:
         """`stable=True` hides figures that differ between runs (memory, timings): snapshots.
-        `opener(args, progress)` makes the session (default: `chatapp.cli.open_session`)."""
+        `opener(args, progress)` makes the chat keeper (default: `open_chat`: a session, with the
+        stored chat restored for --chat/--resume); an opener may also return a bare Session."""
         super().__init__()
         self.args = args
         self.stable = stable
         self.opener = opener
         self.session = None
+        self.keeper = None  # chatapp.persist.ChatKeeper: the session, kept in the store as it goes
+        self.load_warnings: list[str] = []
+        self.quitting = False
         self.busy = False
         self.turn_kind = ""
         self.batches = 0  # TextBatch messages received, for tests and docs
@@ -90,8 +96,7 @@ class ChatApp(App[None]):
     def load_session(self) -> None:
         """In a thread: importing torch, a first-run pull and loading weights take seconds."""
         try:
-            if (opener := self.opener) is None:
-                from chatapp.cli import open_session as opener  # imports torch: not on the first frame
+            opener = self.opener or self.open_chat
             session = opener(self.args, lambda p: self.post_message(LoadProgress(p)))
         except UserError as e:
             self.post_message(LoadFailed(str(e)))
@@ -99,6 +104,12 @@ class ChatApp(App[None]):
             self.post_message(LoadFailed(f"{type(e).__name__}: {e}"))
         else:
             self.post_message(Loaded(session))
+
+    def open_chat(self, args: argparse.Namespace, progress: Callable[[object], None]) -> Any:
+        from chatapp.cli import open_session  # imports torch: not on the first frame
+        from chatapp.resume import open_keeper
+
+        return open_keeper(open_session(args, progress), args, warn=self.load_warnings.append)
 
     def on_load_progress(self, msg: LoadProgress) -> None:
         for status in self.transcript.query(LoadStatus):
@@ -111,11 +122,23 @@ class ChatApp(App[None]):
         self.push_screen(ErrorScreen(msg.text))
 
     async def on_loaded(self, msg: Loaded) -> None:
-        s = self.session = msg.session
+        keeper = msg.session
+        if not hasattr(keeper, "session"):  # a bare Session: chats are not kept
+            from chatapp.persist import ChatKeeper
+
+            keeper = ChatKeeper(keeper, None)
+        self.keeper, s = keeper, keeper.session
+        self.session = s
         tools = s.template.tool_tokens or {}
         self.transcript.markers = {name: s.tok.decode([i]) for name, i in tools.items()}
         self.sub_title = s.lm.name
         await self.show_history()
+        for warning in self.load_warnings:
+            await self.transcript.notice(warning.removeprefix("nanochat-tui: "), "warning")
+        if keeper.restored is not None:
+            await self.transcript.notice(f"Chat #{keeper.chat_id} {keeper.title}: {keeper.restored.line}.", "dim")
+        self.panel.show_restore(keeper.restored.line if keeper.restored else "")
+        self.show_chat()
         await self.transcript.notice(f"{s.lm.name} is ready. Enter sends, Ctrl+J adds a line, "
                                      "Esc stops a reply, F1 shows help.", "dim")
         self.input.disabled = False
@@ -139,7 +162,7 @@ class ChatApp(App[None]):
         if text.lstrip().startswith("/"):
             return await self.command(text.strip())
         await self.transcript.add_user(text)
-        self.start_turn(partial(self.session.send, text), "send")
+        self.start_turn(partial(self.keeper.send, text), "send")
         return True
 
     async def command(self, line: str) -> bool:
@@ -149,10 +172,12 @@ class ChatApp(App[None]):
             name = ""  # the session reports it, in the same words as headless mode
         if name == "/help":
             self.action_help()
+        elif name == "/load" and line.strip() == "/load":
+            self.action_chats()
         elif name == "/quit":
             self.action_quit()
         else:
-            self.start_turn(partial(self.session.run_command, line), "command")
+            self.start_turn(partial(self.keeper.run_command, line), "command")
         return True
 
     def start_turn(self, events: Callable[[], Iterator[Event]], kind: str) -> None:
@@ -190,7 +215,25 @@ class ChatApp(App[None]):
             await self.on_error(ev)
         elif isinstance(ev, Quit):
             self.action_quit()
+        elif ev.event == "load":  # chatapp.restore.Restored: a stored chat is now the session's
+            await self.show_history()
+            self.panel.clear_turns()
+            await t.notice(f"Opened chat #{ev.chat} {ev.title}: {ev.line}.", "dim")
+        elif ev.event == "saved":  # chatapp.persist.Saved
+            await t.notice(f"Saved as chat #{ev.chat} “{ev.title}” ({ev.snapshot_tokens} tokens in its "
+                           "KV snapshot).", "dim")
+        if ev.event == "load" and self.keeper.restored:
+            self.panel.show_restore(self.keeper.restored.line)
+        elif ev.event in ("reset", "system"):
+            self.panel.show_restore("")
+        self.show_chat()
         self.refresh_panel()
+
+    def show_chat(self) -> None:
+        """The header names the model and, once it is stored, the chat."""
+        k = self.keeper
+        chat = f" — chat #{k.chat_id} {k.title or ''}".rstrip() if k is not None and k.chat_id is not None else ""
+        self.sub_title = self.session.lm.name + chat
 
     async def on_cache_state(self, ev: CacheState) -> None:
         t = self.transcript
@@ -221,6 +264,8 @@ class ChatApp(App[None]):
         await self.transcript.notice(ev.message, "error")
 
     def on_turn_finished(self, msg: TurnFinished) -> None:
+        if self.quitting:
+            self.exit()
         self.busy = False
         self.inputs_done += 1
         self.panel_timer.pause()
@@ -236,19 +281,41 @@ class ChatApp(App[None]):
         if self.busy and self.session is not None:
             self.session.cancel()
 
+    def action_chats(self) -> None:
+        """The stored chats: open one (its cache comes back from its snapshot), or start a new one."""
+        if self.keeper is None or self.busy or isinstance(self.screen, ChatsScreen):
+            return
+        if self.keeper.store is None:
+            self.notify(f"Chats are not kept in this session ({self.keeper.why_no_store}).", severity="warning")
+            return
+        self.push_screen(ChatsScreen(self.keeper.store, self.keeper.chat_id), self.on_chats_closed)
+
+    async def on_chats_closed(self, action: ChatAction | None) -> None:
+        if action is None:
+            return
+        if action.kind == "open" and action.chat_id != self.keeper.chat_id:
+            self.start_turn(partial(self.keeper.run_command, f"/load {action.chat_id}"), "command")
+        elif action.kind == "new":
+            self.start_turn(partial(self.keeper.run_command, "/reset"), "command")
+
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
 
     def action_quit(self) -> None:
-        if self.session is not None:
-            self.session.cancel()  # the worker thread ends after its current token
+        """While the model writes: stop it and quit once the turn has ended, so the partial reply
+        is committed to the store first. A second Ctrl+Q quits at once."""
+        if self.busy and self.session is not None and not self.quitting:
+            self.quitting = True
+            self.session.cancel()
+            return
         self.exit()
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         for name, desc in COMMANDS.items():
             yield SystemCommand(name, desc, partial(self.palette_command, name))
+        yield SystemCommand("Chats", "the stored chats: open, rename, delete, new (Ctrl+O)", self.action_chats)
 
     async def palette_command(self, name: str) -> None:
         if name in NEEDS_ARGUMENT:

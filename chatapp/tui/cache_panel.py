@@ -78,6 +78,7 @@ class CachePanel(VerticalScroll):
 
     def compose(self) -> ComposeResult:
         yield Row("model", "model")
+        yield Static("", id="restore", classes="hint")
         yield Row("device", "device")
         yield Row("backend", "backend")
         yield Row("cache_seqlens", "cache_seqlens")
@@ -123,6 +124,12 @@ class CachePanel(VerticalScroll):
         if cuda:
             self.row("cuda_allocated").set(HIDDEN if self.stable else human_bytes(memory.cuda_allocated))
             self.row("cuda_reserved").set(HIDDEN if self.stable else human_bytes(memory.cuda_reserved))
+
+    def show_restore(self, restore_line: str) -> None:
+        """After opening a stored chat: how its cache came back (snapshot or re-prefill)."""
+        restore = self.query_one("#restore", Static)
+        restore.update(restore_line)
+        restore.display = bool(restore_line)
 
     def show_turn(self, st: TurnStats) -> None:
         self.row("prefill").set(f"{st.prefill_tokens} new")

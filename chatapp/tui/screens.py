@@ -17,6 +17,7 @@ KEYS = [
     ("Up / Down", "recall earlier messages when the box is empty"),
     ("Esc", "stop the reply being written; the partial reply is kept"),
     ("Ctrl+P", "command palette: every /command"),
+    ("Ctrl+O", "the stored chats: open, rename, delete, start a new one (also /load)"),
     ("Tab", "move focus to the transcript to scroll it (PageUp, PageDown, mouse wheel)"),
     ("F1", "this help"),
     ("Ctrl+Q", "quit"),

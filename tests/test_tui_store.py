@@ -1,0 +1,87 @@
+"""The app keeps chats: autosave, the chats screen, /save, /load, --resume, with the cache restored
+from its snapshot (the store lives in the per-test NANOCHAT_TUI_CHATS dir set in conftest)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from textual.widgets import DataTable
+from tui_pilot import make_app, notices, ready, submit, until
+
+from chatapp.tui.chats_screen import ChatsScreen
+from chatapp.tui.transcript import UserMessage
+
+SIZE = (120, 40)
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def users(app) -> list[str]:
+    return [w.text for w in app.transcript.query(UserMessage)]
+
+
+async def test_chats_screen_reopens_a_chat_with_its_cache_from_the_snapshot():
+    app = make_app("--temperature", "0")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        s = app.session
+        await submit(pilot, "first chat, one")
+        await submit(pilot, "first chat, two")
+        first_id, pos = app.keeper.chat_id, s.cache.pos
+        k_before = s.cache.k_cache[:, :, :pos].clone()
+        assert first_id is not None and f"chat #{first_id}" in app.sub_title  # autosaved
+
+        await submit(pilot, "/reset")
+        await submit(pilot, "second chat")
+        assert users(app) == ["second chat"] and app.keeper.chat_id != first_id
+
+        await pilot.press("ctrl+o")
+        await until(pilot, lambda: isinstance(app.screen, ChatsScreen), what="the chats screen")
+        table = app.screen.query_one(DataTable)
+        assert table.row_count == 2
+        while str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value) != str(first_id):
+            await pilot.press("down")
+        done = app.inputs_done
+        await pilot.press("enter")
+        await until(pilot, lambda: app.inputs_done > done and not app.busy, what="the chat to open")
+        await pilot.pause()
+
+        assert users(app) == ["first chat, one", "first chat, two"]
+        assert app.keeper.chat_id == first_id and s.cache.pos == pos
+        assert torch.equal(s.cache.k_cache[:, :, :pos], k_before)  # bit-identical, not recomputed
+        restore = str(app.panel.query_one("#restore").render())
+        assert restore == f"restored {pos} tokens from snapshot"
+        assert any(f"Opened chat #{first_id}" in n for n in notices(app))
+
+        await submit(pilot, "first chat, three")
+        assert s.history[-1].cached_before == pos  # the next turn costs only its new tokens
+
+
+async def test_save_with_a_title_then_resume_in_a_new_app():
+    app = make_app("--temperature", "0")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await submit(pilot, "remember me")
+        await submit(pilot, "/save My title")
+        assert any("“My title”" in n for n in notices(app))
+        chat_id, pos = app.keeper.chat_id, app.session.cache.pos
+
+    again = make_app("--resume")
+    async with again.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert again.keeper.chat_id == chat_id and users(again) == ["remember me"]
+        assert again.session.cache.pos == pos
+        assert str(again.panel.query_one("#restore").render()) == f"restored {pos} tokens from snapshot"
+        assert again.sub_title.endswith(f"chat #{chat_id} My title")
+
+
+async def test_no_store_says_so():
+    app = make_app("--no-store")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await submit(pilot, "/save x")
+        assert any("not stored" in n or "not kept" in n for n in notices(app, "error"))
