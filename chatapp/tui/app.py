@@ -198,6 +198,7 @@ class ChatApp(App[None]):
 
     async def on_session_event(self, msg: SessionEvent) -> None:
         ev, t = msg.event, self.transcript
+        kind = getattr(ev, "event", "")
         if isinstance(ev, ToolCall):
             await (await t.reply()).add_tool_call(ev)
         elif isinstance(ev, TurnStats):
@@ -215,16 +216,16 @@ class ChatApp(App[None]):
             await self.on_error(ev)
         elif isinstance(ev, Quit):
             self.action_quit()
-        elif ev.event == "load":  # chatapp.restore.Restored: a stored chat is now the session's
+        elif kind == "load":  # chatapp.restore.Restored: a stored chat is now the session's
             await self.show_history()
             self.panel.clear_turns()
             await t.notice(f"Opened chat #{ev.chat} {ev.title}: {ev.line}.", "dim")
-        elif ev.event == "saved":  # chatapp.persist.Saved
+        elif kind == "saved":  # chatapp.persist.Saved
             await t.notice(f"Saved as chat #{ev.chat} “{ev.title}” ({ev.snapshot_tokens} tokens in its "
                            "KV snapshot).", "dim")
-        if ev.event == "load" and self.keeper.restored:
+        if kind == "load" and self.keeper.restored:
             self.panel.show_restore(self.keeper.restored.line)
-        elif ev.event in ("reset", "system"):
+        elif kind in ("reset", "system"):
             self.panel.show_restore("")
         self.show_chat()
         self.refresh_panel()
