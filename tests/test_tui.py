@@ -47,7 +47,7 @@ async def test_chat_turns_reach_transcript_and_panel():
         assert row(app, "turns") == f"2, max {first.prefill_tokens}, last {new}"
         assert row(app, "model") == "random:tiny" and row(app, "backend") == "SDPA"
         assert row(app, "shape") == "(2, 1, 2048, 2, 16)" and row(app, "dtype") == "float32"
-        assert row(app, "rss").endswith("MiB")
+        assert row(app, "rss").endswith(("MiB", "GiB"))  # the whole test process: its size varies
 
 
 async def test_reset_brings_panel_and_cache_to_zero():
