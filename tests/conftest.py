@@ -12,6 +12,12 @@ import pytest
 from model.loading import load_model
 
 
+@pytest.fixture
+def anyio_backend():
+    """The Textual pilot tests (marked anyio) run on asyncio."""
+    return "asyncio"
+
+
 @pytest.fixture(scope="session")
 def tiny():
     """random:tiny in fp32: a real 2-layer Llama with a byte-level tokenizer."""

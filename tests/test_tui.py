@@ -5,22 +5,13 @@ from __future__ import annotations
 import pytest
 from textual import events
 from textual.widgets import Sparkline
-from tui_pilot import make_app, notices, ready, row, submit, until
+from tui_pilot import make_app, notices, ready, replies, row, submit, until
 
 from chatapp.tui.screens import ErrorScreen, HelpScreen
 from chatapp.tui.transcript import UserMessage
 
 SIZE = (120, 40)
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-def replies(app) -> list[str]:
-    return [ex.reply.text for ex in app.transcript.exchanges if ex.reply is not None]
 
 
 async def test_chat_turns_reach_transcript_and_panel():

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from textual import events
-from tui_pilot import make_app, notices, ready, row, submit, until
+from tui_pilot import make_app, notices, ready, replies, row, submit, until
 
 from chatapp.cli import chat_parser
 from chatapp.events import ToolCall
@@ -19,15 +19,6 @@ from chatapp.tui.transcript import ToolCallView, UserMessage
 
 SIZE = (120, 40)
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-def replies(app) -> list[str]:
-    return [ex.reply.text for ex in app.transcript.exchanges if ex.reply is not None]
 
 
 async def test_tool_calls_are_shown_apart_from_the_reply():

@@ -15,11 +15,6 @@ SIZE = (120, 40)
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 def users(app) -> list[str]:
     return [w.text for w in app.transcript.query(UserMessage)]
 

@@ -42,6 +42,11 @@ async def submit(pilot: Pilot, text: str, timeout: float = 60.0) -> None:
     await pilot.pause()
 
 
+def replies(app: ChatApp) -> list[str]:
+    """The assistant replies the transcript shows."""
+    return [ex.reply.text for ex in app.transcript.exchanges if ex.reply is not None]
+
+
 def row(app: ChatApp, id: str) -> str:
     """The value shown in one of the cache panel's rows."""
     return app.panel.row(id).value
