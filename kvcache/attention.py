@@ -60,14 +60,3 @@ class Attention:
             raise NotImplementedError("the SDPA fallback serves a single-sequence cache (B=1)")
         return sdpa_with_kvcache(q, k_cache, v_cache, k, v, cache.pos, causal, window_size, softcap)
 
-
-def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, causal=True,
-                            window_size=(-1, -1), softcap=0.0) -> torch.Tensor:
-    """Drop-in SDPA equivalent of FA's function for callers without a KVCache (tests, tools).
-
-    Reads cache_seqlens on the host once; the model path uses `Attention` instead, which
-    uses the cache's host mirror and never syncs.
-    """
-    pos = int(cache_seqlens[0]) if cache_seqlens is not None else 0
-    # Like FA, the caller owns cache_seqlens and advances it after the call.
-    return sdpa_with_kvcache(q, k_cache, v_cache, k, v, pos, causal, window_size, softcap)
