@@ -33,6 +33,7 @@ class GraphConfig:
     splits: int = 0             # split-KV programs per KV head for triton attention; 0: by capacity
     num_splits: int = 1         # FA3's num_splits, pinned: capture and replay must agree
     lookahead: bool = True      # launch the next step before the host has read the sampled token
+    pdl: bool = True            # programmatic dependent launch between the fused kernels (Hopper+)
 
     @classmethod
     def from_env(cls) -> GraphConfig | None:
@@ -51,7 +52,7 @@ def build_step(model: torch.nn.Module, cache: KVCache, cfg: GraphConfig):
     if isinstance(model, Llama):
         if cfg.fused and triton_available():
             from model.kernels.llama_step import LlamaFusedStep
-            return LlamaFusedStep(model, cache, cfg.attn, cfg.splits, cfg.num_splits)
+            return LlamaFusedStep(model, cache, cfg.attn, cfg.splits, cfg.num_splits, cfg.pdl)
         from model.kernels.torch_step import LlamaTorchStep
         return LlamaTorchStep(model, cache, cfg.num_splits)
     from model.nanochat import Nanochat

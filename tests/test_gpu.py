@@ -99,10 +99,15 @@ def test_flash_matches_sdpa_within_twice_sdpa_bf16_error(t_new, pos, hq, hk, d):
 @pytest.mark.gpu
 @cuda
 @pytest.mark.parametrize("pos,hq,hk,d,splits", [(0, 9, 3, 64, 1), (300, 9, 3, 64, 8), (4000, 9, 3, 64, 16),
-                                                (1000, 16, 16, 128, 4)])
-def test_triton_decode_attention_within_twice_sdpa_bf16_error(pos, hq, hk, d, splits):
+                                                (1000, 16, 16, 128, 4), (64, 9, 3, 64, 64), (4095, 9, 3, 64, 64)])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_triton_decode_attention_within_twice_sdpa_bf16_error(pos, hq, hk, d, splits, pdl):
     from kvcache.sdpa import sdpa_with_kvcache
     from model.kernels.decode_attention import DecodeAttention
+    from model.kernels.gemv import pdl_supported
+
+    if pdl and not pdl_supported("cuda"):
+        pytest.skip("programmatic dependent launch needs Hopper or newer")
 
     q, kc, vc, _, _ = attention_inputs(1, pos, hq, hk, d, cap=4096 + 64)
     # The new key at `pos` is already in the cache, so the query sees keys [0, pos].
@@ -113,7 +118,7 @@ def test_triton_decode_attention_within_twice_sdpa_bf16_error(pos, hq, hk, d, sp
     at = torch.tensor([pos], dtype=torch.int32, device="cuda")
     for _ in range(2):  # twice: the per-head counters must be back at zero after a call
         out = torch.full((hq * d,), float("nan"), device="cuda", dtype=torch.bfloat16)
-        attn(bq.view(-1), bk[0], bv[0], at, out)
+        attn(bq.view(-1), bk[0], bv[0], at, out, pdl=pdl)
         assert not out.isnan().any()
         assert int(attn.count.abs().sum()) == 0
         out = out.view(hq, d)
@@ -166,6 +171,27 @@ def test_graph_greedy_equals_eager_for_200_tokens(lm, cfg):
     assert max(gaps) <= (4 if real else 16)
     if real and not cfg.fused:  # the plain graph runs eager's own ops: exactly equal
         assert ours == same
+
+
+@pytest.mark.gpu
+@cuda
+def test_pdl_changes_timing_not_results(lm):
+    """Programmatic dependent launch only lets kernels overlap; each still waits for the data it
+    reads. So greedy tokens, logits and every cache row are bitwise the same with it off."""
+    from model.kernels.gemv import pdl_supported
+
+    if not pdl_supported("cuda"):
+        pytest.skip("programmatic dependent launch needs Hopper or newer")
+    runs = []
+    for pdl in (False, True):
+        gen = Generator(lm.model, lm.model.new_cache(1024), lm.tokenizer.vocab_size, graphs=GraphConfig(pdl=pdl))
+        assert gen.graphs.name.endswith("+pdl") == pdl
+        toks = greedy(gen, chat_prompt(lm), 80)
+        c = gen.cache
+        runs.append((toks, gen.logits.clone(), c.k_cache[:, :, :c.pos].clone(), c.v_cache[:, :, :c.pos].clone()))
+    (t0, l0, k0, v0), (t1, l1, k1, v1) = runs
+    assert t0 == t1
+    assert torch.equal(l0, l1) and torch.equal(k0, k1) and torch.equal(v0, v1)
 
 
 def assert_cache_holds(lm, session: Session) -> None:

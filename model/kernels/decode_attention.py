@@ -3,8 +3,8 @@
 Each program takes one KV head with its whole GQA group of query heads (padded to 16
 rows so the two products run on tensor cores) and a contiguous range of key blocks, and
 writes an fp32 partial output with its log-sum-exp. The last program of a KV head to
-finish (an atomic counter of live splits tells it) merges the partials and writes the bf16 output, so
-no combine kernel runs. The key count comes from `cache_seqlens` on the device (the new
+finish (an atomic counter of live splits tells it) merges the partials (all in one load) and writes the bf16
+output, so no combine kernel runs. The key count comes from `cache_seqlens` on the device (the new
 token's K/V were written just before) and the split count is fixed: safe in a CUDA graph.
 """
 
@@ -18,30 +18,42 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _merge(o_ptr, lse_ptr, out_ptr, heads, hm, active, NH: tl.constexpr, D: tl.constexpr, G_PAD: tl.constexpr):
+def _merge(o_ptr, lse_ptr, out_ptr, kvh, active, G: tl.constexpr, NH: tl.constexpr, D: tl.constexpr,
+           SPLITS: tl.constexpr):
+    """All live partials of each head in one load (not one round trip per split)."""
+    sp = tl.arange(0, SPLITS)
+    live = sp < active
     offs_d = tl.arange(0, D)
-    m = tl.full([G_PAD], float("-inf"), tl.float32)
-    lsum = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, D], tl.float32)
-    for sp in range(0, active):
-        lse = tl.load(lse_ptr + sp * NH + heads, mask=hm, other=0.0, cache_modifier=".cg")
-        o = tl.load(o_ptr + (sp * NH + heads[:, None]) * D + offs_d[None, :], mask=hm[:, None], other=0.0,
+    for g in tl.static_range(G):
+        head = kvh * G + g
+        lse = tl.load(lse_ptr + sp * NH + head, mask=live, other=float("-inf"), cache_modifier=".cg")
+        o = tl.load(o_ptr + (sp[:, None] * NH + head) * D + offs_d[None, :], mask=live[:, None], other=0.0,
                     cache_modifier=".cg")
-        m_new = tl.maximum(m, lse)
-        alpha = tl.exp(m - m_new)
-        w = tl.exp(lse - m_new)
-        lsum = lsum * alpha + w
-        acc = acc * alpha[:, None] + o * w[:, None]
-        m = m_new
-    out = acc / lsum[:, None]
-    tl.store(out_ptr + heads[:, None] * D + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=hm[:, None])
+        w = tl.exp(lse - tl.max(lse, 0))
+        out = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
+        tl.store(out_ptr + head * D + offs_d, out.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _attend_block(q, k, v, nm, m, lsum, acc, qk_scale):
+    """Online softmax over one block of keys (base 2)."""
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    s = tl.where(nm[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    lsum = lsum * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)   # P in the cache dtype, like FA
+    return m_new, lsum, acc
 
 
 @triton.jit
 def _decode_attn_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, lse_ptr, out_ptr, count_ptr, scale,
                         stride_t, stride_h,
                         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                        SPLITS: tl.constexpr, NH: tl.constexpr):
+                        SPLITS: tl.constexpr, NH: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
     n = tl.load(pos_ptr) + 1                 # keys visible to the new token, itself included
@@ -54,37 +66,49 @@ def _decode_attn_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, lse_ptr, out_ptr,
     offs_d = tl.arange(0, D)
     heads = kvh * G + rows
     hm = rows < G
-    if sp < active:  # a split that owns no keys does nothing: the merge counts only live ones
+    live = sp < active   # a split that owns no keys does nothing: the merge counts only live ones
+    # Keys before the new token were written by earlier steps, so the first block streams in
+    # before the wait; only the newest row (the previous kernel's write) is read after it.
+    offs_n = b0 * BLOCK_N + tl.arange(0, BLOCK_N)
+    kv_off = offs_n[:, None] * stride_t + kvh * stride_h + offs_d[None, :]
+    old = (offs_n < n - 1) & live
+    k = tl.load(kc_ptr + kv_off, mask=old[:, None], other=0.0)
+    v = tl.load(vc_ptr + kv_off, mask=old[:, None], other=0.0)
+    if PDL:  # every program waits, so this grid never completes before the one it depends on
+        tl.extra.cuda.gdc_wait()
+    if live:
+        newest = offs_n == n - 1
+        k = tl.where(newest[:, None], tl.load(kc_ptr + kv_off, mask=newest[:, None], other=0.0), k)
+        v = tl.where(newest[:, None], tl.load(vc_ptr + kv_off, mask=newest[:, None], other=0.0), v)
         q = tl.load(q_ptr + heads[:, None] * D + offs_d[None, :], mask=hm[:, None], other=0.0)
         m = tl.full([G_PAD], float("-inf"), tl.float32)
         lsum = tl.zeros([G_PAD], tl.float32)
         acc = tl.zeros([G_PAD, D], tl.float32)
         qk_scale = scale * 1.4426950408889634   # softmax in base 2
-        for b in range(b0, b1):
-            offs_n = b * BLOCK_N + tl.arange(0, BLOCK_N)
-            nm = offs_n < n
-            kv_off = offs_n[:, None] * stride_t + kvh * stride_h + offs_d[None, :]
-            k = tl.load(kc_ptr + kv_off, mask=nm[:, None], other=0.0)
-            v = tl.load(vc_ptr + kv_off, mask=nm[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * qk_scale
-            s = tl.where(nm[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            alpha = tl.exp2(m - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            lsum = lsum * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)   # P in the cache dtype, like FA
-            m = m_new
-        lse = m / 1.4426950408889634 + tl.log(lsum)
-        tl.store(o_ptr + (sp * NH + heads[:, None]) * D + offs_d[None, :], acc / lsum[:, None], mask=hm[:, None])
-        tl.store(lse_ptr + sp * NH + heads, lse, mask=hm)
-        # Each live split checks in; the last one of this KV head merges. The barrier makes all
-        # of this program's stores part of what the release (acq_rel) publishes.
-        tl.debug_barrier()
-        done = tl.atomic_add(count_ptr + kvh, 1, sem="acq_rel")
-        tl.debug_barrier()
-        if done == active - 1:
-            _merge(o_ptr, lse_ptr, out_ptr, heads, hm, active, NH, D, G_PAD)
-            tl.atomic_xchg(count_ptr + kvh, 0)   # ready for the next call (and the next replay)
+        m, lsum, acc = _attend_block(q, k, v, offs_n < n, m, lsum, acc, qk_scale)
+        for b in range(b0 + 1, b1):
+            offs_b = b * BLOCK_N + tl.arange(0, BLOCK_N)
+            nm = offs_b < n
+            off = offs_b[:, None] * stride_t + kvh * stride_h + offs_d[None, :]
+            kb = tl.load(kc_ptr + off, mask=nm[:, None], other=0.0)
+            vb = tl.load(vc_ptr + off, mask=nm[:, None], other=0.0)
+            m, lsum, acc = _attend_block(q, kb, vb, nm, m, lsum, acc, qk_scale)
+        if active == 1:  # one split saw every key: its result is final, nothing to merge
+            tl.store(out_ptr + heads[:, None] * D + offs_d[None, :],
+                     (acc / lsum[:, None]).to(out_ptr.dtype.element_ty), mask=hm[:, None])
+        else:
+            lse = m / 1.4426950408889634 + tl.log(lsum)
+            tl.store(o_ptr + (sp * NH + heads[:, None]) * D + offs_d[None, :], acc / lsum[:, None],
+                     mask=hm[:, None])
+            tl.store(lse_ptr + sp * NH + heads, lse, mask=hm)
+            # Each live split checks in; the last one of this KV head merges. The barrier makes all
+            # of this program's stores part of what the release (acq_rel) publishes.
+            tl.debug_barrier()
+            done = tl.atomic_add(count_ptr + kvh, 1, sem="acq_rel")
+            tl.debug_barrier()
+            if done == active - 1:
+                _merge(o_ptr, lse_ptr, out_ptr, kvh, active, G, NH, D, SPLITS)
+                tl.atomic_xchg(count_ptr + kvh, 0)   # ready for the next call (and the next replay)
 
 
 def default_splits(n_kv: int, capacity: int) -> int:
@@ -106,7 +130,7 @@ class DecodeAttention:
         self.n_head, self.n_kv, self.hd = n_head, n_kv, head_dim
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
-                 out: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+                 out: torch.Tensor, scale: float | None = None, pdl: bool = False) -> torch.Tensor:
         """q: (Hq*D,) or (Hq, D); caches: one layer, (T, Hk, D) with an optional leading 1;
         pos: int32 (1,) = index of the newest key. Writes out (Hq*D,) in the cache dtype."""
         g = self.n_head // self.n_kv
@@ -114,5 +138,5 @@ class DecodeAttention:
             q, k_cache, v_cache, pos, self.o, self.lse, out, self.count,
             scale if scale is not None else self.hd ** -0.5, k_cache.stride(-3), k_cache.stride(-2),
             G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=self.hd, BLOCK_N=64, SPLITS=self.splits,
-            NH=self.n_head, num_warps=4)
+            NH=self.n_head, PDL=pdl, num_warps=4, launch_pdl=pdl)
         return out

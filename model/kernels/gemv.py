@@ -2,13 +2,19 @@
 
 cuBLAS runs batch-1 GEMV at about a quarter of the H200's bandwidth on these shapes, and
 every separate norm, activation or residual add costs a launch of its own. These kernels
-stream weight rows with wide coalesced loads and fold the elementwise work in:
+fold the elementwise work in:
 
 - `norm_gemv`: RMSNorm(x) @ W.T, optionally with SwiGLU (gate and up rows in one matrix)
   or ReLU^2. The norm costs no extra pass: the sum of squares is gathered from the same x
-  chunks the product uses, and the scalar 1/rms is applied to the dot products at the end
+  the product uses, and the scalar 1/rms is applied to the dot products at the end
   (one rounding fewer than the eager module, which rounds the normed vector to bf16 first).
 - `gemv_residual`: x += W @ a, in place.
+
+Each program owns whole rows and loads all of their weights at once, before anything the
+previous kernel wrote (docs/gpu.md, "Weights before the wait"). With programmatic dependent
+launch (`pdl`, Hopper), a kernel starts while the previous one still runs, streams its
+weights in, and only then waits (`gdc_wait`) for the activations: the weight reads of
+consecutive kernels overlap, and the launch gap between them disappears.
 """
 
 from __future__ import annotations
@@ -21,33 +27,40 @@ ACT_NONE, ACT_SWIGLU, ACT_RELU2 = 0, 1, 2
 
 
 @triton.jit
-def _norm_gemv_kernel(x_ptr, nw_ptr, w_ptr, out_ptr, N, K, eps,
-                      ACT: tl.constexpr, HAS_NW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def load_rows(ptr, rows, rm, K: tl.constexpr, KP: tl.constexpr):
+    """Whole rows of a row-major (N, K) matrix as one (rows, KP) tile, KP = next_pow2(K); the
+    padding columns are masked off, so they cost registers but no memory traffic."""
+    cols = tl.arange(0, KP)
+    return tl.load(ptr + rows[:, None] * K + cols[None, :], mask=rm[:, None] & (cols < K)[None, :], other=0.0)
+
+
+@triton.jit
+def load_vec(ptr, K: tl.constexpr, KP: tl.constexpr):
+    cols = tl.arange(0, KP)
+    return tl.load(ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _norm_gemv_kernel(x_ptr, nw_ptr, w_ptr, out_ptr, N, eps, K: tl.constexpr, KP: tl.constexpr,
+                      ACT: tl.constexpr, HAS_NW: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # let the next kernel start now: it too only streams weights until its own wait
+        tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = rows < N
-    offs = tl.arange(0, BLOCK_K)
-    acc1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    ss = tl.zeros([BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + offs
-        km = kk < K
-        wm = rm[:, None] & km[None, :]
-        w1 = tl.load(w_ptr + rows[:, None] * K + kk[None, :], mask=wm, other=0.0)
-        if ACT == 1:  # SwiGLU: the up rows sit N rows below the gate rows
-            w2 = tl.load(w_ptr + (rows[:, None] + N) * K + kk[None, :], mask=wm, other=0.0)
-        xk = tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32)
-        ss += xk * xk
-        if HAS_NW:
-            xk = xk * tl.load(nw_ptr + kk, mask=km, other=0.0).to(tl.float32)
-        acc1 += w1.to(tl.float32) * xk[None, :]
-        if ACT == 1:
-            acc2 += w2.to(tl.float32) * xk[None, :]
-    rstd = 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
+    # Weights first: nothing in the step writes them, so no need to wait for the previous kernel.
+    w = load_rows(w_ptr, rows, rm, K, KP)
+    if ACT == 1:  # SwiGLU: the up rows sit N rows below the gate rows
+        u = load_rows(w_ptr, rows + N, rm, K, KP)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    x = load_vec(x_ptr, K, KP)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / K + eps)
+    if HAS_NW:
+        x = x * load_vec(nw_ptr, K, KP)
     dt = w_ptr.dtype.element_ty
-    y = (tl.sum(acc1, 1) * rstd).to(dt).to(tl.float32)
+    y = (tl.sum(w.to(tl.float32) * x[None, :], 1) * rstd).to(dt).to(tl.float32)
     if ACT == 1:
-        up = (tl.sum(acc2, 1) * rstd).to(dt).to(tl.float32)
+        up = (tl.sum(u.to(tl.float32) * x[None, :], 1) * rstd).to(dt).to(tl.float32)
         y = (y / (1.0 + tl.exp(-y))).to(dt).to(tl.float32) * up
     elif ACT == 2:
         y = tl.maximum(y, 0.0)
@@ -56,47 +69,60 @@ def _norm_gemv_kernel(x_ptr, nw_ptr, w_ptr, out_ptr, N, K, eps,
 
 
 @triton.jit
-def _gemv_residual_kernel(w_ptr, a_ptr, res_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gemv_residual_kernel(w_ptr, a_ptr, res_ptr, N, K: tl.constexpr, KP: tl.constexpr,
+                          BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = rows < N
-    offs = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + offs
-        km = kk < K
-        w = tl.load(w_ptr + rows[:, None] * K + kk[None, :], mask=rm[:, None] & km[None, :], other=0.0)
-        a = tl.load(a_ptr + kk, mask=km, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * a[None, :]
+    w = load_rows(w_ptr, rows, rm, K, KP)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     dt = w_ptr.dtype.element_ty
-    y = tl.sum(acc, 1).to(dt).to(tl.float32)
+    y = tl.sum(w.to(tl.float32) * load_vec(a_ptr, K, KP)[None, :], 1).to(dt).to(tl.float32)
     r = tl.load(res_ptr + rows, mask=rm, other=0.0)
     tl.store(res_ptr + rows, (r.to(tl.float32) + y).to(r.dtype), mask=rm)
 
 
-def gemv_config(n: int, k: int, mats: int = 1, tile: int = 8192, programs: int = 256) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K): a 16 KB tile per matrix and iteration, and enough programs to keep
-    every SM streaming; small matrices trade rows per program for programs (latency-bound)."""
-    block_k = min(triton.next_power_of_2(k), 1024)
-    block_n = max(1, tile // (block_k * mats))
-    while block_n > 1 and triton.cdiv(n, block_n) < programs:
-        block_n //= 2
-    return block_n, block_k
+def pdl_supported(device: torch.device | str) -> bool:
+    """Programmatic dependent launch needs Hopper or newer (griddepcontrol)."""
+    dev = torch.device(device)
+    return dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
+
+
+# Weight elements one program holds (a 32 KB bf16 tile, padding included), and the programs
+# a kernel should have at least. Tuned on the H200 against 4K/8K/32K tiles, 132/528
+# programs, 8 warps and a split (unpadded) tile: docs/benchmarks.md, "Kernel tuning".
+TILE_ELEMS = 16384
+MIN_PROGRAMS = 264
+
+
+def rows_per_program(n: int, k: int, mats: int = 1) -> int:
+    """BLOCK_N: as many whole rows as fit TILE_ELEMS, halved until the grid fills the GPU."""
+    kp = triton.next_power_of_2(k)
+    bn = 1
+    while bn * 2 * kp * mats <= TILE_ELEMS:
+        bn *= 2
+    while bn > 1 and triton.cdiv(n, bn) < MIN_PROGRAMS:
+        bn //= 2
+    return bn
 
 
 def norm_gemv(x: torch.Tensor, norm_w: torch.Tensor | None, w: torch.Tensor, out: torch.Tensor,
-              eps: float, act: int = ACT_NONE) -> torch.Tensor:
+              eps: float, act: int = ACT_NONE, pdl: bool = False) -> torch.Tensor:
     """out[:N] = act(RMSNorm(x) @ W.T); W is (N, K), or (2N, K) gate-then-up for SwiGLU."""
     n, k = out.shape[-1], x.shape[-1]
-    bn, bk = gemv_config(n, k, 2 if act == ACT_SWIGLU else 1)
+    bn = rows_per_program(n, k, 2 if act == ACT_SWIGLU else 1)
     _norm_gemv_kernel[(triton.cdiv(n, bn),)](
-        x, norm_w if norm_w is not None else x, w, out, n, k, eps,
-        ACT=act, HAS_NW=norm_w is not None, BLOCK_N=bn, BLOCK_K=bk, num_warps=4)
+        x, norm_w if norm_w is not None else x, w, out, n, eps, K=k, KP=triton.next_power_of_2(k),
+        ACT=act, HAS_NW=norm_w is not None, BLOCK_N=bn, PDL=pdl, num_warps=4, launch_pdl=pdl)
     return out
 
 
-def gemv_residual(w: torch.Tensor, a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def gemv_residual(w: torch.Tensor, a: torch.Tensor, x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """x += W @ a in place, rounded like `x + linear(a)`."""
     n, k = w.shape
-    bn, bk = gemv_config(n, k)
-    _gemv_residual_kernel[(triton.cdiv(n, bn),)](w, a, x, n, k, BLOCK_N=bn, BLOCK_K=bk, num_warps=4)
+    bn = rows_per_program(n, k)
+    _gemv_residual_kernel[(triton.cdiv(n, bn),)](w, a, x, n, K=k, KP=triton.next_power_of_2(k), BLOCK_N=bn,
+                                                 PDL=pdl, num_warps=4, launch_pdl=pdl)
     return x

@@ -1,4 +1,4 @@
-"""The Llama decode step from fused Triton kernels: five launches a layer.
+"""The Llama decode step from fused Triton kernels: five launches a layer, overlapped (PDL).
 
 Per layer: norm+QKV+rotary+cache write; split-KV attention (or FA3); merge+o_proj+residual;
 norm+gate/up+SwiGLU; down+residual. The residual stream lives in one static buffer and
@@ -14,7 +14,7 @@ import torch
 
 from kvcache import KVCache
 from model.kernels.decode_attention import DecodeAttention
-from model.kernels.gemv import ACT_SWIGLU, gemv_residual, norm_gemv
+from model.kernels.gemv import ACT_SWIGLU, gemv_residual, norm_gemv, pdl_supported
 from model.kernels.qkv_rope import norm_qkv_rope
 from model.llama import Llama
 
@@ -49,7 +49,7 @@ class LlamaFusedStep:
     """Same contract as LlamaTorchStep: feed `tok` at cache_seqlens, write `logits`."""
 
     def __init__(self, model: Llama, cache: KVCache, attn: str = "triton", splits: int = 0,
-                 num_splits: int = 1):
+                 num_splits: int = 1, pdl: bool = True):
         cfg = model.config
         self.model, self.cache, self.cfg = model, cache, cfg
         self.n_head, self.n_kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -72,7 +72,8 @@ class LlamaFusedStep:
         self.seqlens_k = torch.zeros(1, dtype=torch.int32, device=dev)
         if cache.capacity > self.cos.shape[0]:
             raise ValueError(f"cache capacity {cache.capacity} > rotary table {self.cos.shape[0]}")
-        self.name = f"fused+{self.attn_name}"
+        self.pdl = pdl and pdl_supported(dev)
+        self.name = f"fused+{self.attn_name}" + ("+pdl" if self.pdl else "")
 
     @staticmethod
     def _layer(layer) -> _Layer:
@@ -84,12 +85,12 @@ class LlamaFusedStep:
     def _attention(self, i: int, pos: torch.Tensor) -> None:
         kc, vc = self.cache.k_cache[i, 0], self.cache.v_cache[i, 0]
         if self.flash is None:
-            out = self.decode_attn(self.q, kc, vc, pos, self.attn_out)
+            out = self.decode_attn(self.q, kc, vc, pos, self.attn_out, pdl=self.pdl)
         else:
             q = self.q.view(1, 1, self.n_head, self.hd)
             out = self.flash.fn(q, kc[None], vc[None], cache_seqlens=self.seqlens_k, causal=True,
                                 num_splits=self.num_splits).view(-1)
-        gemv_residual(self.layers[i].wo, out, self.x)
+        gemv_residual(self.layers[i].wo, out, self.x, self.pdl)
 
     def __call__(self) -> torch.Tensor:
         m, c = self.model, self.cache
@@ -100,9 +101,9 @@ class LlamaFusedStep:
         for i, L in enumerate(self.layers):
             kc, vc = c.k_cache[i, 0], c.v_cache[i, 0]
             norm_qkv_rope(self.x, L.ln1, L.wqkv, self.cos, self.sin, pos, self.q, kc, vc,
-                          self.n_head, self.n_kv, self.eps)
+                          self.n_head, self.n_kv, self.eps, pdl=self.pdl)
             self._attention(i, pos)
-            norm_gemv(self.x, L.ln2, L.wgu, self.h, self.eps, ACT_SWIGLU)
-            gemv_residual(L.wdown, self.h, self.x)
-        norm_gemv(self.x, m.model.norm.weight, m.lm_head.weight, self.logits, self.eps)
+            norm_gemv(self.x, L.ln2, L.wgu, self.h, self.eps, ACT_SWIGLU, self.pdl)
+            gemv_residual(L.wdown, self.h, self.x, self.pdl)
+        norm_gemv(self.x, m.model.norm.weight, m.lm_head.weight, self.logits, self.eps, pdl=self.pdl)
         return self.logits

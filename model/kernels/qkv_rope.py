@@ -3,6 +3,7 @@
 One program owns a block of rotary pairs (rows i and i + D/2) of one head slot (a query,
 key or value head), so the rotation needs nothing from other programs. The position is
 read from `cache_seqlens` on the device: the captured graph is valid at any position.
+Weights are loaded before `gdc_wait`, as in gemv.py.
 """
 
 from __future__ import annotations
@@ -11,39 +12,41 @@ import torch
 import triton
 import triton.language as tl
 
+from model.kernels import gemv
+from model.kernels.gemv import load_rows, load_vec
+
 
 @triton.jit
 def _norm_qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr,
-                          K, eps, stride_t, stride_h,
+                          eps, stride_t, stride_h, K: tl.constexpr, KP: tl.constexpr,
                           HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, BP: tl.constexpr,
-                          BLOCK_K: tl.constexpr, ROPE_SIGN: tl.constexpr, HAS_NW: tl.constexpr,
-                          QK_NORM: tl.constexpr, QK_EPS: tl.constexpr):
+                          ROPE_SIGN: tl.constexpr, HAS_NW: tl.constexpr,
+                          QK_NORM: tl.constexpr, QK_EPS: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     h = tl.program_id(0)           # head slot: queries, then keys, then values
     j = tl.program_id(1)           # block of BP rotary pairs
     half: tl.constexpr = D // 2
     pairs = j * BP + tl.arange(0, BP)
     r1 = h * D + pairs
     r2 = r1 + half
-    offs = tl.arange(0, BLOCK_K)
-    acc1 = tl.zeros([BP, BLOCK_K], tl.float32)
-    acc2 = tl.zeros([BP, BLOCK_K], tl.float32)
-    ss = tl.zeros([BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):  # one pass: the norm's sum of squares rides along
-        kk = k0 + offs
-        km = kk < K
-        w1 = tl.load(w_ptr + r1[:, None] * K + kk[None, :], mask=km[None, :], other=0.0)
-        w2 = tl.load(w_ptr + r2[:, None] * K + kk[None, :], mask=km[None, :], other=0.0)
-        xk = tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32)
-        ss += xk * xk
-        if HAS_NW:
-            xk = xk * tl.load(nw_ptr + kk, mask=km, other=0.0).to(tl.float32)
-        acc1 += w1.to(tl.float32) * xk[None, :]
-        acc2 += w2.to(tl.float32) * xk[None, :]
-    rstd = 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
-    dt = w_ptr.dtype.element_ty
-    y1 = (tl.sum(acc1, 1) * rstd).to(dt).to(tl.float32)
-    y2 = (tl.sum(acc2, 1) * rstd).to(dt).to(tl.float32)
+    all_rows = pairs < half
+    # Weights and the position first: nothing in the step writes them (see gemv.py).
+    w1 = load_rows(w_ptr, r1, all_rows, K, KP)
+    w2 = load_rows(w_ptr, r2, all_rows, K, KP)
     pos = tl.load(pos_ptr)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    x = load_vec(x_ptr, K, KP)   # one pass: the norm's sum of squares rides along
+    ss = tl.sum(x * x, 0)
+    if HAS_NW:
+        x = x * load_vec(nw_ptr, K, KP)
+    acc1 = tl.sum(w1.to(tl.float32) * x[None, :], 1)
+    acc2 = tl.sum(w2.to(tl.float32) * x[None, :], 1)
+    rstd = 1.0 / tl.sqrt(ss / K + eps)
+    dt = w_ptr.dtype.element_ty
+    y1 = (acc1 * rstd).to(dt).to(tl.float32)
+    y2 = (acc2 * rstd).to(dt).to(tl.float32)
     if h < HQ + HK:
         c = tl.load(cos_ptr + pos * half + pairs)
         s = tl.load(sin_ptr + pos * half + pairs) * ROPE_SIGN
@@ -69,21 +72,21 @@ def _norm_qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr
 def norm_qkv_rope(x: torch.Tensor, norm_w: torch.Tensor | None, wqkv: torch.Tensor,
                   cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, q_out: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, n_head: int, n_kv: int, eps: float,
-                  rope_sign: float = 1.0, qk_norm_eps: float | None = None) -> None:
+                  rope_sign: float = 1.0, qk_norm_eps: float | None = None, pdl: bool = False) -> None:
     """q_out <- rope(q); k_cache[pos], v_cache[pos] <- rope(k), v. Caches are one layer, (T, Hk, D)
     (a leading batch dim of 1 is fine). cos/sin are fp32 (max_len, D/2) tables."""
     heads = n_head + 2 * n_kv
     d = wqkv.shape[0] // heads
     k = x.shape[-1]
+    kp = triton.next_power_of_2(k)
     half = d // 2
     bp = half
-    if qk_norm_eps is None:  # fewer pairs per program until the grid fills the GPU
-        while bp > 1 and heads * (half // bp) < 240:
+    if qk_norm_eps is None:  # fewer pairs per program until the grid fills the GPU and the tile fits
+        while bp > 1 and (heads * (half // bp) < gemv.MIN_PROGRAMS or bp * 2 * kp > gemv.TILE_ELEMS):
             bp //= 2
-    block_k = min(triton.next_power_of_2(k), max(64, 8192 // (2 * bp)))
     _norm_qkv_rope_kernel[(heads, half // bp)](
         x, norm_w if norm_w is not None else x, wqkv, cos, sin, pos, q_out, k_cache, v_cache,
-        k, eps, k_cache.stride(-3), k_cache.stride(-2),
-        HQ=n_head, HK=n_kv, D=d, BP=bp, BLOCK_K=block_k, ROPE_SIGN=rope_sign,
+        eps, k_cache.stride(-3), k_cache.stride(-2), K=k, KP=kp,
+        HQ=n_head, HK=n_kv, D=d, BP=bp, ROPE_SIGN=rope_sign,
         HAS_NW=norm_w is not None, QK_NORM=qk_norm_eps is not None, QK_EPS=qk_norm_eps or 0.0,
-        num_warps=4)
+        PDL=pdl, num_warps=4, launch_pdl=pdl)
