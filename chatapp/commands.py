@@ -26,7 +26,7 @@ SETTINGS = {
     "temperature": (float, lambda v: 0 <= v <= 5, "a number from 0 to 5"),
     "top_k": (int, lambda v: v >= 0, "an integer >= 0 (0 = off)"),
     "top_p": (float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
-    "seed": (int, lambda v: v >= 0, "an integer >= 0"),
+    "seed": (int, lambda v: 0 <= v < 2**64, "an integer from 0 to 2**64 - 1"),
     "max_new_tokens": (int, lambda v: v >= 1, "an integer >= 1"),
 }
 
@@ -68,6 +68,14 @@ def parse_settings(arg: str) -> dict:
             raise UserError(f"{key} must be {valid}, got {raw!r}")
         out[key] = value
     return out
+
+
+def parse_chat_id(arg: str) -> int:
+    """`/load 12` -> 12; ValueError otherwise. ASCII digits only: int() also takes "1_0" and
+    digits of other scripts, which nobody means as a chat id."""
+    if not (arg.isascii() and arg.isdigit()):
+        raise ValueError(arg)
+    return int(arg)
 
 
 def help_text() -> str:

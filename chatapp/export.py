@@ -47,11 +47,13 @@ def default_name(t: Transcript) -> str:
 
 def export(t: Transcript, dest: str = "") -> Path:
     """Write the Markdown to `dest` (a file or a folder; default: the current folder)."""
-    path = Path(dest).expanduser() if dest else Path.cwd()
-    if path.is_dir():
-        path = path / default_name(t)
     try:
+        path = Path(dest).expanduser() if dest else Path.cwd()
+        if path.is_dir():
+            path = path / default_name(t)
         path.write_text(to_markdown(t), encoding="utf-8")
     except OSError as e:
-        raise StoreError(f"/export: cannot write {path}: {e.strerror or e}") from None
+        raise StoreError(f"/export: cannot write {dest or 'here'}: {e.strerror or e}") from None
+    except (ValueError, RuntimeError) as e:  # a NUL byte in the path; ~user with no such user
+        raise StoreError(f"/export: not a usable path {dest!r}: {e}") from None
     return path

@@ -36,12 +36,16 @@ def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[tuple[str, str] | Err
         except json.JSONDecodeError as e:
             yield Error(f"line {n}: not valid JSON ({e.msg})")
             continue
-        if isinstance(obj, dict) and isinstance(obj.get("user"), str):
-            yield ("user", obj["user"])
-        elif isinstance(obj, dict) and isinstance(obj.get("command"), str):
-            yield ("command", obj["command"])
-        else:
+        kind = next((k for k in ("user", "command") if isinstance(obj, dict) and isinstance(obj.get(k), str)), None)
+        if kind is None:
             yield Error(f'line {n}: expected {{"user": "..."}} or {{"command": "/..."}}')
+            continue
+        try:
+            obj[kind].encode("utf-8")  # a JSON escape can name a lone surrogate, which no text holds
+        except UnicodeEncodeError as e:
+            yield Error(f"line {n}: not valid Unicode (a lone surrogate at character {e.start}); line skipped")
+            continue
+        yield (kind, obj[kind])
 
 
 def emit(ev: Event, out: TextIO) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from safetensors import SafetensorError
 
-from chatapp.commands import parse_command
+from chatapp.commands import parse_chat_id, parse_command
 from chatapp.events import Error, Event, Info, Trimmed, TurnStats
 from chatapp.export import Transcript, export
 from chatapp.fingerprint import Fingerprint, ModelIdentity, tokenizer_fingerprint
@@ -204,7 +204,7 @@ class ChatKeeper:
             yield Error(f"/load: chats are not stored in this session ({self.why_no_store})")
             return
         try:
-            chat_id = int(arg) if arg else self.store.latest_id(exclude=self.chat_id)
+            chat_id = parse_chat_id(arg) if arg else self.store.latest_id(exclude=self.chat_id)
         except ValueError:
             yield Error(f"/load: a chat id is a number, got {arg!r}")
             return

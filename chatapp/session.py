@@ -51,6 +51,7 @@ class Session:
         self.lm, self.tok, self.template = lm, lm.tokenizer, lm.template
         self.settings = settings or Settings()
         self.cache = lm.model.new_cache(min(context or lm.context_length, lm.context_length))
+        self.check_system_fits(self.system)
         self.gen = Generator(lm.model, self.cache, self.tok.vocab_size)
         self.cancel_flag = threading.Event()
         self.history: list[TurnStats] = []
@@ -68,6 +69,14 @@ class Session:
     @property
     def prefix_len(self) -> int:
         return self.exchanges[0].start if self.exchanges else len(self.tokens)
+
+    def check_system_fits(self, system: str) -> None:
+        """UserError unless a short message and one reply token fit after `system`: a prompt
+        that fills the context would refuse every message that follows it."""
+        need = len(self.template.start(system)) + len(self.template.user_turn("hi", system)) + 1
+        if need > self.cache.capacity:
+            raise UserError(f"the system prompt leaves no room: it needs {need} tokens with a message, "
+                            f"the context holds {self.cache.capacity} (shorten it, or raise --context)")
 
     def reset(self) -> None:
         self.cache.reset()
@@ -217,6 +226,8 @@ class Session:
             cmd = parse_command(line)
             if cmd.name == "/set":
                 values = parse_settings(cmd.arg)
+            if cmd.name == "/system":
+                self.check_system_fits(cmd.arg)
         except UserError as e:
             yield Error(str(e))
             return

@@ -206,6 +206,8 @@ class ChatStore:
 
     # --- reading ------------------------------------------------------------
     def get(self, chat_id: int) -> ChatData | None:
+        if not 0 < chat_id < 2**63:  # SQLite integers are signed 64-bit: no such row, not an OverflowError
+            return None
         with self._guard("read the chat") as db:
             row = db.execute("SELECT id, title, model, model_fingerprint, tokenizer_fingerprint, settings, system,"
                              " prefix_tokens, cache_pos, created, updated FROM chats WHERE id = ?",

@@ -32,7 +32,7 @@ def sample_token(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator
     """Sample from (V,) logits on their device; returns a 0-d int64 tensor (no host sync)."""
     if cfg.temperature <= 0:
         return logits.argmax(-1)
-    logits = logits.float() / cfg.temperature
+    logits = logits.float() / max(cfg.temperature, 1e-6)  # like the device sampler: 1e-300 must not make inf
     if cfg.top_k > 0:
         kth = torch.topk(logits, min(cfg.top_k, logits.shape[-1])).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

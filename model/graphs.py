@@ -78,7 +78,7 @@ class DeviceSampler:
 
     def set(self, cfg: SamplingConfig) -> None:
         self.temperature.fill_(max(cfg.temperature, 1e-6))
-        self.top_k.fill_(cfg.top_k if cfg.top_k > 0 else self.ranks.numel())
+        self.top_k.fill_(min(cfg.top_k, self.ranks.numel()) if cfg.top_k > 0 else self.ranks.numel())
         self.top_p.fill_(cfg.top_p if cfg.top_p < 1.0 else 2.0)  # 2: never drop anything
 
     def greedy(self) -> None:

@@ -99,7 +99,8 @@ def test_flash_matches_sdpa_within_twice_sdpa_bf16_error(t_new, pos, hq, hk, d):
 @pytest.mark.gpu
 @cuda
 @pytest.mark.parametrize("pos,hq,hk,d,splits", [(0, 9, 3, 64, 1), (300, 9, 3, 64, 8), (4000, 9, 3, 64, 16),
-                                                (1000, 16, 16, 128, 4), (64, 9, 3, 64, 64), (4095, 9, 3, 64, 64)])
+                                                (1000, 16, 16, 128, 4), (64, 9, 3, 64, 64), (4095, 9, 3, 64, 64),
+                                                (700, 9, 3, 64, 3)])  # 3 splits: rounded up to 4
 @pytest.mark.parametrize("pdl", [False, True])
 def test_triton_decode_attention_within_twice_sdpa_bf16_error(pos, hq, hk, d, splits, pdl):
     from kvcache.sdpa import sdpa_with_kvcache

@@ -61,3 +61,51 @@ def test_bad_model_is_one_line_error():
     assert p.returncode != 0 and p.stdout == b""
     err = p.stderr.decode().strip()
     assert err.startswith("nanochat-tui: error: model not found") and "\n" not in err
+
+
+def test_hostile_input_gets_one_line_errors_and_the_chat_goes_on(tmp_path):
+    lines = [
+        json.dumps({"user": "hello"}),
+        json.dumps({"command": "/set seed=99999999999999999999999"}),    # past torch's 64-bit seeds
+        json.dumps({"command": "/set temperature=1e-300"}),               # valid, and must still sample
+        '{"user": "\\ud800 lone surrogate"}',                              # valid JSON, not valid text
+        json.dumps({"user": "again"}),
+        json.dumps({"command": "/load 99999999999999999999999"}),         # past SQLite's integers
+        json.dumps({"command": "/load 1_0"}),                             # int() would read 10
+        json.dumps({"command": "/export " + str(tmp_path / "a\x00b.md")}),  # a NUL byte in the path
+        json.dumps({"command": "/system " + "long " * 100}),              # leaves no room in 200 tokens
+        json.dumps({"user": "third"}),
+    ]
+    p, events = headless(("\n".join(lines) + "\n").encode(), "--jsonl", "--context", "200")
+    assert p.returncode == 0 and b"Traceback" not in p.stderr, p.stderr.decode()[-2000:]
+    assert [e["event"] for e in events] == ["ready", "turn", "error", "info", "error", "turn",
+                                            "error", "error", "error", "error", "turn"]
+    messages = [e["message"] for e in events if e["event"] == "error"]
+    assert "seed must be an integer from 0 to 2**64 - 1" in messages[0]
+    assert "lone surrogate" in messages[1]
+    assert "no stored chat 99999999999999999999999" in messages[2]
+    assert "a chat id is a number" in messages[3]
+    assert messages[4].startswith("/export: not a usable path")
+    assert "system prompt leaves no room" in messages[5]
+    assert all("\n" not in m for m in messages)
+    again, third = events[5], events[10]
+    assert third["cached_before"] == again["cache_seqlens"]  # none of it disturbed the conversation
+    assert third["turn"] == again["turn"] + 1
+
+
+def test_a_system_prompt_that_cannot_fit_is_refused_at_start():
+    p, events = headless(b"hello\n", "--context", "40")
+    assert p.returncode == 1 and events == []
+    err = p.stderr.decode().strip()
+    assert err.startswith("nanochat-tui: error: the system prompt leaves no room") and "\n" not in err
+
+
+def test_a_reader_that_goes_away_ends_the_run_quietly():
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    p = subprocess.Popen(BASE + ["--no-store"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env)
+    assert json.loads(p.stdout.readline())["event"] == "ready"
+    p.stdout.close()  # like `| head -1`
+    _, err = p.communicate(b"hello\nhello again\n", timeout=120)
+    assert p.returncode == 1
+    assert b"Traceback" not in err and b"BrokenPipe" not in err

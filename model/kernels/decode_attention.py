@@ -123,7 +123,8 @@ class DecodeAttention:
     """Buffers for one model's decode attention: partials, their LSEs and the per-head counters."""
 
     def __init__(self, n_head: int, n_kv: int, head_dim: int, capacity: int, device, splits: int = 0):
-        self.splits = splits or default_splits(n_kv, capacity)
+        # a power of two: the merge loads every split's partials as one arange
+        self.splits = triton.next_power_of_2(splits) if splits else default_splits(n_kv, capacity)
         self.o = torch.zeros(self.splits, n_head, head_dim, dtype=torch.float32, device=device)
         self.lse = torch.zeros(self.splits, n_head, dtype=torch.float32, device=device)
         self.count = torch.zeros(n_kv, dtype=torch.int32, device=device)

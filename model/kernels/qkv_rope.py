@@ -20,8 +20,7 @@ from model.kernels.gemv import load_rows, load_vec
 def _norm_qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr,
                           eps, stride_t, stride_h, K: tl.constexpr, KP: tl.constexpr,
                           HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, BP: tl.constexpr,
-                          ROPE_SIGN: tl.constexpr, HAS_NW: tl.constexpr,
-                          QK_NORM: tl.constexpr, QK_EPS: tl.constexpr, PDL: tl.constexpr):
+                          HAS_NW: tl.constexpr, PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     h = tl.program_id(0)           # head slot: queries, then keys, then values
@@ -49,13 +48,9 @@ def _norm_qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr
     y2 = (acc2 * rstd).to(dt).to(tl.float32)
     if h < HQ + HK:
         c = tl.load(cos_ptr + pos * half + pairs)
-        s = tl.load(sin_ptr + pos * half + pairs) * ROPE_SIGN
+        s = tl.load(sin_ptr + pos * half + pairs)
         o1 = (y1 * c - y2 * s).to(dt).to(tl.float32)
         o2 = (y2 * c + y1 * s).to(dt).to(tl.float32)
-        if QK_NORM:  # per-head RMSNorm after rotary (nanochat); needs BP == D/2
-            r = 1.0 / tl.sqrt((tl.sum(o1 * o1, 0) + tl.sum(o2 * o2, 0)) / D + QK_EPS)
-            o1 = (o1 * r).to(dt).to(tl.float32)
-            o2 = (o2 * r).to(dt).to(tl.float32)
         if h < HQ:
             tl.store(q_ptr + h * D + pairs, o1.to(dt))
             tl.store(q_ptr + h * D + half + pairs, o2.to(dt))
@@ -72,7 +67,7 @@ def _norm_qkv_rope_kernel(x_ptr, nw_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr
 def norm_qkv_rope(x: torch.Tensor, norm_w: torch.Tensor | None, wqkv: torch.Tensor,
                   cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, q_out: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, n_head: int, n_kv: int, eps: float,
-                  rope_sign: float = 1.0, qk_norm_eps: float | None = None, pdl: bool = False) -> None:
+                  pdl: bool = False) -> None:
     """q_out <- rope(q); k_cache[pos], v_cache[pos] <- rope(k), v. Caches are one layer, (T, Hk, D)
     (a leading batch dim of 1 is fine). cos/sin are fp32 (max_len, D/2) tables."""
     heads = n_head + 2 * n_kv
@@ -81,12 +76,10 @@ def norm_qkv_rope(x: torch.Tensor, norm_w: torch.Tensor | None, wqkv: torch.Tens
     kp = triton.next_power_of_2(k)
     half = d // 2
     bp = half
-    if qk_norm_eps is None:  # fewer pairs per program until the grid fills the GPU and the tile fits
-        while bp > 1 and (heads * (half // bp) < gemv.MIN_PROGRAMS or bp * 2 * kp > gemv.TILE_ELEMS):
-            bp //= 2
+    while bp > 1 and (heads * (half // bp) < gemv.MIN_PROGRAMS or bp * 2 * kp > gemv.TILE_ELEMS):
+        bp //= 2  # fewer pairs per program until the grid fills the GPU and the tile fits
     _norm_qkv_rope_kernel[(heads, half // bp)](
         x, norm_w if norm_w is not None else x, wqkv, cos, sin, pos, q_out, k_cache, v_cache,
         eps, k_cache.stride(-3), k_cache.stride(-2), K=k, KP=kp,
-        HQ=n_head, HK=n_kv, D=d, BP=bp, ROPE_SIGN=rope_sign,
-        HAS_NW=norm_w is not None, QK_NORM=qk_norm_eps is not None, QK_EPS=qk_norm_eps or 0.0,
+        HQ=n_head, HK=n_kv, D=d, BP=bp, HAS_NW=norm_w is not None,
         PDL=pdl, num_warps=4, launch_pdl=pdl)
