@@ -195,6 +195,26 @@ def test_pdl_changes_timing_not_results(lm):
     assert torch.equal(l0, l1) and torch.equal(k0, k1) and torch.equal(v0, v1)
 
 
+@pytest.mark.gpu
+@cuda
+def test_device_sampler_takes_a_top_k_past_the_vocabulary(lm):
+    """/set top_k=10**20 is valid (more than the vocabulary: no cut) and must not overflow the
+    device scalar; with one seed it samples exactly what top_k=0 does."""
+    gen = Generator(lm.model, lm.model.new_cache(256), lm.tokenizer.vocab_size, graphs=GraphConfig())
+    runs = []
+    for k in (0, 10**20):
+        gen.cache.reset()
+        gen.forget()
+        gen.configure(SamplingConfig(temperature=1.0, top_k=k, seed=3))
+        gen.prefill(chat_prompt(lm))
+        toks = []
+        for _ in range(20):
+            toks.append(gen.sample())
+            gen.feed(toks[-1])
+        runs.append(toks)
+    assert runs[0] == runs[1]
+
+
 def assert_cache_holds(lm, session: Session) -> None:
     """The invariant, checked against eager execution: position by position, the cache holds
     the K/V an eager prefill of tokens[:pos] computes, up to bf16 rounding (a stale or
