@@ -57,7 +57,6 @@ class Session:
         self.history: list[TurnStats] = []
         self.exchanges: list[Exchange] = []
         self.tokens: list[int] = []
-        self.turns = 0
         self.reset()
 
     # --- state -----------------------------------------------------------------
@@ -65,6 +64,12 @@ class Session:
     def system(self) -> str:
         s = self.settings.system
         return self.template.default_system if s is None else s
+
+    @property
+    def turns(self) -> int:
+        """Exchanges in this chat, trimmed ones included: a retry regenerates a turn, /undo and
+        /reset remove them."""
+        return self.trimmed + len(self.exchanges)
 
     @property
     def prefix_len(self) -> int:
@@ -83,6 +88,7 @@ class Session:
         self.gen.forget()
         self.tokens = self.template.start(self.system)
         self.exchanges = []
+        self.trimmed = 0  # exchanges dropped from the context to make room
 
     def adopt(self, tokens: list[int], exchanges: list[Exchange]) -> None:
         """Take over a stored conversation with an empty cache: every token is pending, so the
@@ -90,7 +96,7 @@ class Session:
         self.cache.reset()
         self.gen.forget()
         self.tokens, self.exchanges = list(tokens), list(exchanges)
-        self.turns = len(exchanges)
+        self.trimmed = 0
 
     def truncate(self, n: int) -> None:
         """Cut the token list to n tokens, rewinding the cache if it held more."""
@@ -172,7 +178,6 @@ class Session:
         yield self._stats(ex, prefill_tokens, cached_before, n, t0, t_first or t_end, t_end, stop)
 
     def _stats(self, ex, prefill_tokens, cached_before, n, t0, t_first, t_end, stop) -> TurnStats:
-        self.turns += 1
         decode_s = t_end - t_first
         st = TurnStats(
             turn=self.turns, user=ex.user, reply=ex.reply, prefill_tokens=prefill_tokens,
@@ -197,6 +202,7 @@ class Session:
         removed = len(self.tokens) - self._len_without(drop)
         del self.tokens[cut_from:cut_from + removed]
         self.exchanges = self.exchanges[drop:]
+        self.trimmed += drop
         self._shift(-removed)
         if self.exchanges:  # families without a system role (nanochat) carry it in the first user turn
             first = self.exchanges[0]

@@ -187,3 +187,16 @@ def test_trim_keeps_a_folded_system_prompt(tmp_path):
         assert s.tokens[first.start:first.reply_start] == s.template.user_turn(first.user, "Be brief.")
         assert_invariant(s)
     assert trimmed
+
+
+def test_turn_numbers_follow_the_chat(tiny):
+    """A retry regenerates the same turn, /undo and /reset take turns away, a trim does not."""
+    s = Session(tiny, Settings(temperature=0.0, max_new_tokens=8), context=160)
+    assert [turn_of(s.send(f"message {i} with some padding")).turn for i in range(3)] == [1, 2, 3]
+    assert turn_of(s.run_command("/retry")).turn == 3
+    list(s.run_command("/undo"))
+    assert s.turns == 2 and turn_of(s.send("again")).turn == 3
+    numbers = [turn_of(s.send(f"longer message number {i} to fill the small context")).turn for i in range(6)]
+    assert numbers == [4, 5, 6, 7, 8, 9] and s.trimmed > 0  # the context was trimmed on the way
+    list(s.run_command("/reset"))
+    assert s.turns == 0 and turn_of(s.send("hi")).turn == 1
