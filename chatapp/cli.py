@@ -96,8 +96,9 @@ def run_chat(argv: list[str]) -> int:
         return run_headless(session, sys.stdin.buffer, jsonl=args.jsonl, keeper=open_keeper(session, args))
     from chatapp.tui.app import ChatApp
 
-    ChatApp(args).run()
-    return 0
+    app = ChatApp(args)
+    app.run()
+    return app.return_code or 0  # Textual sets 1 when the app ended on an error
 
 
 def run_tokenize(argv: list[str]) -> int:

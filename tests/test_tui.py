@@ -224,3 +224,24 @@ async def test_palette_runs_commands():
         await pilot.pause()
         assert app.input.text == "/system " and app.focused is app.input
 
+
+
+async def test_narrow_terminals_hide_the_panel_and_keep_chatting():
+    """At 42 columns the panel left the input box no width and Textual crashed drawing it."""
+    from chatapp.tui.cache_panel import CachePanel
+
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await submit(pilot, "hello there")
+        panel = app.query_one(CachePanel)
+        assert panel.display
+        for width, height in ((42, 12), (20, 8), (60, 20)):
+            await pilot.resize_terminal(width, height)
+            await pilot.pause()
+            assert not panel.display and app.return_code is None
+        await submit(pilot, "still here")
+        assert len(app.session.exchanges) == 2 and replies(app)[-1] == app.session.exchanges[-1].reply
+        await pilot.resize_terminal(*SIZE)
+        await pilot.pause()
+        assert panel.display and row(app, "cache_seqlens") == f"{app.session.cache.pos} / {app.session.cache.capacity}"

@@ -38,6 +38,9 @@ NEEDS_ARGUMENT = ("/system", "/set")
 class ChatApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "nanochat-tui"
+    # Below 80 columns the 38-column cache panel would squeeze the chat (at 42 the input box
+    # had no columns left and Textual crashed drawing it): the chat gets the whole width.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (80, "-wide")]
     BINDINGS = [
         Binding("escape", "stop", "Stop reply"),
         Binding("f1", "help", "Help"),

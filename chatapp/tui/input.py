@@ -11,6 +11,7 @@ from __future__ import annotations
 from textual import events
 from textual.binding import Binding
 from textual.message import Message
+from textual.strip import Strip
 from textual.widgets import TextArea
 
 
@@ -29,6 +30,13 @@ class ChatInput(TextArea):
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
         self.past: list[str] = []  # sent messages (TextArea.history is its undo stack)
         self.recalled: int | None = None  # index into `past` while browsing it
+
+    def render_line(self, y: int) -> Strip:
+        # Mid-resize on a narrow terminal the box can have no text columns for a frame, and
+        # TextArea then crashes wrapping its placeholder to width 0: draw that frame blank.
+        if self.content_size.width < 1:
+            return Strip.blank(self.size.width)
+        return super().render_line(y)
 
     async def _on_key(self, event: events.Key) -> None:
         if event.key == "enter":
