@@ -120,8 +120,10 @@ class ChatKeeper:
     # --- SQLite -------------------------------------------------------------------
     def signature(self) -> tuple:
         s = self.session
-        # cache.pos too: a greedy /retry can give back the same tokens with a different pending tail
-        return len(s.tokens), hash(tuple(s.tokens)), s.cache.pos, repr(dataclasses.asdict(s.settings)), self.title
+        # cache.pos too: a greedy /retry can give back the same tokens with a different pending tail;
+        # the archive too: a trim can leave the same tokens after dropping one more exchange
+        return (len(s.tokens), hash(tuple(s.tokens)), s.cache.pos, len(s.archive),
+                repr(dataclasses.asdict(s.settings)), self.title)
 
     def commit(self, force: bool = False) -> Iterator[Event]:
         """Store the chat if it changed (an empty new chat is not stored unless forced)."""
@@ -141,6 +143,9 @@ class ChatKeeper:
         s = self.session
         ident = self.identity()
         msgs = []
+        for ex in s.archive:  # trimmed out of the context: text only, no token ids (restore.py)
+            msgs.append(Message("user", ex.user, []))
+            msgs.append(Message("assistant", ex.reply, [], [dataclasses.asdict(c) for c in ex.tool_calls]))
         for ex in s.exchanges:
             msgs.append(Message("user", ex.user, s.tokens[ex.start:ex.reply_start]))
             msgs.append(Message("assistant", ex.reply, s.tokens[ex.reply_start:ex.end],
@@ -253,7 +258,7 @@ class ChatKeeper:
     def export(self, dest: str) -> Iterator[Event]:
         s = self.session
         t = Transcript(self.title or default_title(s), s.lm.name, s.system,
-                       [(ex.user, ex.reply, ex.tool_calls) for ex in s.exchanges], self.chat_id,
+                       [(ex.user, ex.reply, ex.tool_calls) for ex in s.archive + s.exchanges], self.chat_id,
                        self.created or None)
         try:
             path = export(t, dest)

@@ -49,9 +49,19 @@ def pairs(messages: list[Message]) -> list[tuple[Message, Message]]:
     return [(u, a) for u, a in zip(users, replies, strict=False) if u.role == "user" and a.role == "assistant"]
 
 
+def archived(chat: ChatData) -> list[Exchange]:
+    """The exchanges a trim took out of the context: stored with their text and no token ids."""
+    return [Exchange(u.content, -1, -1, -1, a.content, [ToolCall(**c) for c in a.tool_calls])
+            for u, a in pairs(chat.messages) if not u.token_ids and not a.token_ids]
+
+
+def in_context(chat: ChatData) -> list[tuple[Message, Message]]:
+    return [(u, a) for u, a in pairs(chat.messages) if u.token_ids or a.token_ids]
+
+
 def stored_conversation(chat: ChatData) -> tuple[list[int], list[Exchange]]:
     tokens, exchanges = list(chat.prefix_tokens), []
-    for u, a in pairs(chat.messages):
+    for u, a in in_context(chat):
         start = len(tokens)
         tokens += u.token_ids
         reply_start = len(tokens)
@@ -62,10 +72,11 @@ def stored_conversation(chat: ChatData) -> tuple[list[int], list[Exchange]]:
 
 
 def rendered_conversation(session: Session, chat: ChatData) -> tuple[list[int], list[Exchange]]:
-    """The transcript's text through this model's template: for a chat from another tokenizer."""
+    """The transcript's text through this model's template: for a chat from another tokenizer.
+    What was trimmed stays out of the context, as it was."""
     t = session.template
     tokens, exchanges = t.start(chat.system), []
-    for u, a in pairs(chat.messages):
+    for u, a in in_context(chat):
         start = len(tokens)
         tokens += t.user_turn(u.content)
         reply_start = len(tokens)
@@ -113,7 +124,7 @@ def restore(session: Session, chat: ChatData, identity: ModelIdentity, folder: P
         raise StoreError(f"chat {chat.id} holds {target} tokens, more than this cache's {session.cache.capacity} "
                          "(raise --context)")
     apply_settings(session, chat)
-    session.adopt(tokens, exchanges)
+    session.adopt(tokens, exchanges, archived(chat))
     n, why = 0, note
     if folder is not None and not note:
         n, why = from_snapshot(session, tokens, identity, folder, target)

@@ -3,7 +3,8 @@
 INVARIANT (docs/cache-invariant.md): the cache holds exactly the K/V of
 `tokens[:cache.pos]`; `tokens[cache.pos:]` are pending and get prefilled at the start of
 the next generation. `tokens` always equals the chat template rendered over the
-transcript, piece by piece. Every method below leaves that true when it returns or yields.
+exchanges in the context, piece by piece (a trim moves the oldest to `archive`: text only). Every method below
+leaves that true when it returns or yields.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Session:
         self.cancel_flag = threading.Event()
         self.history: list[TurnStats] = []
         self.exchanges: list[Exchange] = []
+        self.archive: list[Exchange] = []  # trimmed out of the context: kept for the transcript and the store
         self.tokens: list[int] = []
         self.reset()
 
@@ -69,7 +71,7 @@ class Session:
     def turns(self) -> int:
         """Exchanges in this chat, trimmed ones included: a retry regenerates a turn, /undo and
         /reset remove them."""
-        return self.trimmed + len(self.exchanges)
+        return len(self.archive) + len(self.exchanges)
 
     @property
     def prefix_len(self) -> int:
@@ -88,15 +90,14 @@ class Session:
         self.gen.forget()
         self.tokens = self.template.start(self.system)
         self.exchanges = []
-        self.trimmed = 0  # exchanges dropped from the context to make room
+        self.archive = []
 
-    def adopt(self, tokens: list[int], exchanges: list[Exchange]) -> None:
+    def adopt(self, tokens: list[int], exchanges: list[Exchange], archive: list[Exchange] = ()) -> None:
         """Take over a stored conversation with an empty cache: every token is pending, so the
         invariant holds; the store then refills the cache (snapshot or prefill, chatapp/restore.py)."""
         self.cache.reset()
         self.gen.forget()
-        self.tokens, self.exchanges = list(tokens), list(exchanges)
-        self.trimmed = 0
+        self.tokens, self.exchanges, self.archive = list(tokens), list(exchanges), list(archive)
 
     def truncate(self, n: int) -> None:
         """Cut the token list to n tokens, rewinding the cache if it held more."""
@@ -201,8 +202,10 @@ class Session:
         cut_from = self.prefix_len
         removed = len(self.tokens) - self._len_without(drop)
         del self.tokens[cut_from:cut_from + removed]
+        for ex in self.exchanges[:drop]:  # out of the context, still part of the chat
+            ex.start = ex.reply_start = ex.end = -1
+            self.archive.append(ex)
         self.exchanges = self.exchanges[drop:]
-        self.trimmed += drop
         self._shift(-removed)
         if self.exchanges:  # families without a system role (nanochat) carry it in the first user turn
             first = self.exchanges[0]

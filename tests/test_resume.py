@@ -68,3 +68,23 @@ def test_unwritable_chats_dir_warns_and_the_chat_goes_on(tmp_path):
     assert "warning: chats will not be saved: cannot open the chats database" in err and "Traceback" not in err
     p, ev = headless("", "--resume", chats=blocker / "chats")
     assert p.returncode == 1 and "Traceback" not in p.stderr.decode()
+
+
+def test_a_trim_keeps_the_dropped_exchanges_in_the_stored_chat(tmp_path):
+    """Trimmed exchanges leave the context, not the chat: the store, --resume and /export keep them."""
+    msgs = [f"important fact number {i} to remember" for i in range(8)]
+    p, ev = headless("\n".join(msgs) + "\n", "--context", "160", chats=tmp_path)
+    assert p.returncode == 0, p.stderr.decode()
+    assert "trim" in [e["event"] for e in ev]
+    turns = [e for e in ev if e["event"] == "turn"]
+    assert [t["turn"] for t in turns] == list(range(1, 9))
+
+    out = tmp_path / "chat.md"
+    p, ev = headless(f"/export {out}\none more\n", "--resume", "--context", "400", chats=tmp_path)
+    assert p.returncode == 0, p.stderr.decode()
+    ready, exported, turn = ev[0], ev[1], ev[-1]
+    assert ready["turns"] == 8  # all 8 exchanges came back, trimmed or not
+    assert exported["data"]["exchanges"] == 8
+    text = out.read_text()
+    assert all(m in text for m in msgs)
+    assert turn["turn"] == 9 and turn["cached_before"] == ready["cache_seqlens"]  # the context came back as it was

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from chatapp.persist import ChatKeeper
-from chatapp.restore import stored_conversation
+from chatapp.restore import archived, stored_conversation
 from chatapp.session import Session, Settings
 from chatapp.store import ChatStore
 from model.loading import load_model
@@ -102,6 +102,7 @@ class ChatMachine(RuleBasedStateMachine):
         assert tokens == s.tokens
         assert [(e.user, e.reply, e.start, e.reply_start, e.end) for e in exchanges] == \
             [(e.user, e.reply, e.start, e.reply_start, e.end) for e in s.exchanges]
+        assert [(e.user, e.reply) for e in archived(chat)] == [(e.user, e.reply) for e in s.archive]
         assert chat.system == s.system and chat.cache_pos == s.cache.pos
         assert chat.settings == {**s.settings.__dict__}
 

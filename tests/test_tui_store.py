@@ -80,3 +80,21 @@ async def test_no_store_says_so():
         await ready(pilot)
         await submit(pilot, "/save x")
         assert any("not stored" in n or "not kept" in n for n in notices(app, "error"))
+
+
+async def test_resume_shows_trimmed_exchanges_dimmed():
+    msgs = [f"important fact number {i} to remember" for i in range(6)]
+    app = make_app("--temperature", "0", "--context", "160", "--max-new-tokens", "8")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        for m in msgs:
+            await submit(pilot, m)
+        assert app.session.archive  # the context was trimmed on the way
+        kept = len(app.session.exchanges)
+
+    app = make_app("--resume", "--context", "160", "--max-new-tokens", "8")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await until(pilot, lambda: users(app) == msgs, what="the whole chat on screen")
+        dimmed = [w.has_class("dropped") for w in app.transcript.query(UserMessage)]
+        assert dimmed == [True] * (len(msgs) - kept) + [False] * kept

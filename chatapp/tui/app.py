@@ -258,8 +258,9 @@ class ChatApp(App[None]):
     async def show_history(self) -> None:
         """Redraw the transcript from the session's exchanges."""
         await self.transcript.clear()
-        for ex in self.session.exchanges:
+        for ex in self.session.archive + self.session.exchanges:
             await self.transcript.add_exchange(ex.user, ex.reply, ex.tool_calls)
+        self.transcript.mark_dropped(len(self.session.archive))  # out of the context: dimmed, as when trimmed
 
     async def on_error(self, ev: Error) -> None:
         if self.turn_kind == "send" and (text := await self.transcript.drop_unanswered()) is not None:
