@@ -3,8 +3,8 @@
 INVARIANT (docs/cache-invariant.md): the cache holds exactly the K/V of
 `tokens[:cache.pos]`; `tokens[cache.pos:]` are pending and get prefilled at the start of
 the next generation. `tokens` always equals the chat template rendered over the
-exchanges in the context, piece by piece (a trim moves the oldest to `archive`: text only). Every method below
-leaves that true when it returns or yields.
+exchanges in the context, piece by piece (a trim moves the oldest to `archive`, text
+only). Every method below leaves that true when it returns or yields.
 """
 
 from __future__ import annotations
@@ -125,6 +125,7 @@ class Session:
             yield Error(f"message too long: {len(new)} tokens, the context holds {room} after the "
                         f"system prompt (use --context to raise it)")
             return
+        self.cancel_flag.clear()  # before the trim's re-fill, so a stop pressed during it counts
         yield from self._make_room(len(new))
         self.exchanges.append(Exchange(text, len(self.tokens), len(self.tokens) + len(new)))
         self.tokens.extend(new)
@@ -132,7 +133,6 @@ class Session:
 
     def _reply(self) -> Iterator[Event]:
         ex = self.exchanges[-1]
-        self.cancel_flag.clear()
         self.gen.configure(self.settings.sampling())
         if self.cache.pos == len(self.tokens):  # nothing pending (a retry): re-feed one token for logits
             self.cache.rewind(self.cache.pos - 1)
@@ -247,6 +247,7 @@ class Session:
             if not self.exchanges:
                 yield Error("/retry: nothing to retry yet")
                 return
+            self.cancel_flag.clear()
             self.truncate(self.exchanges[-1].reply_start)
             yield self.state("retry")
             yield from self._reply()

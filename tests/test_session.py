@@ -197,6 +197,25 @@ def test_turn_numbers_follow_the_chat(tiny):
     list(s.run_command("/undo"))
     assert s.turns == 2 and turn_of(s.send("again")).turn == 3
     numbers = [turn_of(s.send(f"longer message number {i} to fill the small context")).turn for i in range(6)]
-    assert numbers == [4, 5, 6, 7, 8, 9] and s.trimmed > 0  # the context was trimmed on the way
+    assert numbers == [4, 5, 6, 7, 8, 9] and s.archive  # the context was trimmed on the way
     list(s.run_command("/reset"))
     assert s.turns == 0 and turn_of(s.send("hi")).turn == 1
+
+
+def test_a_stop_during_a_trims_refill_stops_that_reply(tiny):
+    s = Session(tiny, Settings(temperature=0.0, max_new_tokens=40), context=160)
+    for i in range(20):
+        events = []
+        for ev in s.send(f"message number {i} that fills the small context"):
+            events.append(ev)
+            if isinstance(ev, Trimmed):
+                s.cancel()  # Esc while the kept exchanges are re-prefilled
+        if any(isinstance(e, Trimmed) for e in events):
+            break
+    else:
+        pytest.fail("the context never filled")
+    st = turn_of(events)
+    assert st.stop == "cancel" and st.decode_tokens <= 1
+    assert_invariant(s)
+    assert_transcript(s)
+    assert turn_of(run(s.send("next"))).stop != "cancel"
