@@ -37,7 +37,19 @@ class Command:
     arg: str = ""
 
 
+def is_text(s: str) -> bool:
+    """False for a str no file or terminal can hold: a lone surrogate (from a JSON escape or a
+    paste) cannot be encoded, so the store, the export and the screen would all fail on it."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def parse_command(line: str) -> Command:
+    if not is_text(line):
+        raise UserError("command is not valid Unicode (it holds a lone surrogate)")
     name, _, arg = line.strip().partition(" ")
     name = name.lower()
     if name not in COMMANDS:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from chatapp.commands import STORE_COMMANDS, parse_command, parse_settings
+from chatapp.commands import STORE_COMMANDS, is_text, parse_command, parse_settings
 from chatapp.events import CacheState, Error, Event, Info, Quit, TextDelta, ToolCall, Trimmed, TurnStats
 from chatapp.tools import ToolRunner
 from model.errors import UserError
@@ -118,6 +118,9 @@ class Session:
         text = text.strip()
         if not text:
             yield Error("empty message")
+            return
+        if not is_text(text):
+            yield Error("message is not valid Unicode (it holds a lone surrogate); nothing was sent")
             return
         new = self.template.user_turn(text, "" if self.exchanges else self.system)
         room = self.cache.capacity - self.prefix_len - 1

@@ -159,10 +159,14 @@ class ChatStore:
         with self.lock:
             try:
                 yield self.db
-            except (sqlite3.Error, OSError) as e:
+            except (sqlite3.Error, OSError, UnicodeError) as e:
                 if self.db.in_transaction:
                     self.db.execute("ROLLBACK")
                 raise StoreError(f"could not {action}: {describe(e)}") from None
+            except BaseException:
+                if self.db.in_transaction:  # never leave the write lock held behind an error
+                    self.db.execute("ROLLBACK")
+                raise
 
     # --- writing ------------------------------------------------------------
     def save(self, chat: ChatData) -> int:

@@ -193,3 +193,20 @@ def test_snapshots_past_the_budget_go_oldest_first_never_the_open_chat(store):
     assert store.prune_snapshots(keep=ids[0], budget_bytes=2500) == [ids[1]]  # ids[0] is oldest but open
     assert store.snapshot_dir(ids[0]).exists() and store.snapshot_dir(ids[2]).exists()
     assert store.prune_snapshots(keep=ids[2], budget_bytes=5000) == []
+
+
+def test_lone_surrogates_are_refused_and_the_store_stays_usable(keeper, store):
+    """A lone surrogate (a JSON escape, a paste) cannot be stored: refused before it gets in,
+    and a failed write never leaves the database locked."""
+    list(keeper.send("hello"))
+    bad = "bad \ud800 text"
+    for events in (keeper.send(bad), keeper.run_command("/system " + bad), keeper.run_command("/save " + bad)):
+        (err,) = [e for e in events if isinstance(e, Error)]
+        assert "lone surrogate" in err.message
+    with pytest.raises(StoreError):
+        store.rename(keeper.chat_id, bad)
+    assert not store.db.in_transaction
+    events = list(keeper.send("still fine"))
+    assert not [e for e in events if isinstance(e, Error)]
+    stored = ChatStore(store.root).get(keeper.chat_id)
+    assert [m.content for m in stored.messages][::2] == ["hello", "still fine"]
