@@ -90,5 +90,17 @@ def parse_chat_id(arg: str) -> int:
     return int(arg)
 
 
+def split_input(text: str) -> tuple[str, str]:
+    """("command", line) or ("user", message). A message that starts with "/" is sent by
+    doubling the slash: "//usr/bin/env crashes" sends "/usr/bin/env crashes"."""
+    s = text.lstrip()
+    if s.startswith("//"):
+        return "user", s[1:]
+    if s.startswith("/"):
+        return "command", s.strip()
+    return "user", text
+
+
 def help_text() -> str:
-    return "\n".join(f"{name:8} {desc}" for name, desc in COMMANDS.items())
+    return "\n".join([*(f"{name:8} {desc}" for name, desc in COMMANDS.items()),
+                      f"{'//TEXT':8} send a message that starts with / (one slash is dropped)"])

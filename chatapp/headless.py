@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, BinaryIO, TextIO
 
+from chatapp.commands import split_input
 from chatapp.events import Error, Event, Quit, TextDelta, to_json
 from chatapp.session import Session
 
@@ -29,7 +30,7 @@ def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[tuple[str, str] | Err
         if not line.strip():
             continue
         if not jsonl:
-            yield ("command", line.strip()) if line.startswith("/") else ("user", line)
+            yield split_input(line)
             continue
         try:
             obj = json.loads(line)

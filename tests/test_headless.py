@@ -35,6 +35,13 @@ def test_turns_commands_and_errors_keep_the_conversation():
     assert b"Traceback" not in p.stderr
 
 
+def test_a_doubled_slash_sends_a_message_that_starts_with_one():
+    p, events = headless(b"//usr/bin/env crashes, why?\n/stats\n")
+    assert p.returncode == 0, p.stderr.decode()
+    assert [e["event"] for e in events] == ["ready", "turn", "info"]
+    assert events[1]["user"] == "/usr/bin/env crashes, why?"
+
+
 def test_jsonl_multiline_messages():
     stdin = (json.dumps({"user": "line one\nline two"}) + "\n" + "{not json\n"
              + json.dumps({"command": "/stats"}) + "\n").encode()

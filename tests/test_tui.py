@@ -193,15 +193,20 @@ async def test_transcript_follows_the_reply_until_the_user_scrolls_up():
 
 
 async def test_panel_updates_while_the_model_writes():
-    app = make_app("--max-new-tokens", "100000", "--temperature", "0")  # greedy: never stops by itself
+    # greedy: never stops by itself; the SmolLM2 shape (random weights) writes slowly enough on a
+    # CPU to watch, where random:tiny can fill its whole context before the panel's first refresh
+    app = make_app("--model", "random:smollm2-135m", "--max-new-tokens", "100000", "--temperature", "0")
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await pilot.press(*"go", "enter")
         await until(pilot, lambda: app.batches > 0)
         seen = set()
-        for _ in range(25):  # one second
+        for _ in range(250):  # until three refreshes showed the cache growing (at most 10 s)
             seen.add(row(app, "cache_seqlens"))
+            if len(seen) >= 3:
+                break
             await pilot.pause(0.04)
+        assert app.busy  # still writing: the figures moved during the reply, not after it
         await pilot.press("escape")
         await until(pilot, lambda: not app.busy)
         assert len(seen) >= 3, seen
@@ -245,3 +250,12 @@ async def test_narrow_terminals_hide_the_panel_and_keep_chatting():
         await pilot.resize_terminal(*SIZE)
         await pilot.pause()
         assert panel.display and row(app, "cache_seqlens") == f"{app.session.cache.pos} / {app.session.cache.capacity}"
+
+
+async def test_a_doubled_slash_sends_a_message_that_starts_with_one():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await submit(pilot, "//usr/bin/env crashes, why?")
+        assert app.session.exchanges[0].user == "/usr/bin/env crashes, why?"
+        assert [w.text for w in app.transcript.query(UserMessage)] == ["/usr/bin/env crashes, why?"]

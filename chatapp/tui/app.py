@@ -19,7 +19,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from chatapp.commands import COMMANDS, parse_command
+from chatapp.commands import COMMANDS, parse_command, split_input
 from chatapp.events import CacheState, Error, Event, Info, Quit, ToolCall, Trimmed, TurnStats
 from chatapp.tui.bridge import Gate, Loaded, LoadFailed, LoadProgress, SessionEvent, TextBatch, TurnFinished, pump
 from chatapp.tui.cache_panel import CachePanel, read_memory
@@ -162,8 +162,9 @@ class ChatApp(App[None]):
         if self.busy:
             self.notify("The model is still writing: press Esc to stop it first.", severity="warning")
             return False
-        if text.lstrip().startswith("/"):
-            return await self.command(text.strip())
+        kind, text = split_input(text)
+        if kind == "command":
+            return await self.command(text)
         await self.transcript.add_user(text)
         self.start_turn(partial(self.keeper.send, text), "send")
         return True
