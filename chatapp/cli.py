@@ -95,7 +95,9 @@ def run_chat(argv: list[str]) -> int:
         session = open_session(args, progress=lambda msg: print(msg, file=sys.stderr))
         return run_headless(session, sys.stdin.buffer, jsonl=args.jsonl, keeper=open_keeper(session, args))
     from chatapp.tui.app import ChatApp
+    from chatapp.tui.terminal import lenient_terminal_input
 
+    lenient_terminal_input()
     app = ChatApp(args)
     app.run()
     return app.return_code or 0  # Textual sets 1 when the app ended on an error

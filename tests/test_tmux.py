@@ -42,3 +42,17 @@ def test_chat_reset_and_quit_in_a_real_terminal(tui):
     done = tui.wait_for(r"EXIT=(\d+) TTY=(\w+)", timeout=30)
     assert done.groups() == ("0", "restored")
     assert "KV cache" not in tui.capture()  # the alternate screen is gone
+
+
+def test_bytes_that_are_not_utf8_do_not_end_the_app(tui):
+    """xterm's 8-bit Meta sends Alt+key as one high byte; Textual's strict decoder died on it."""
+    tui.wait_for(r"random:tiny is ready")
+    tui.type("abc")
+    tui.press("-H", "ff")  # a raw 0xff byte: never valid in UTF-8
+    tui.type("def")
+    tui.wait_for(r"abc.?def")  # still running, and the half-typed message is still there
+    tui.press("Enter")
+    tui.wait_for(r"turns\s+1, max")
+    tui.press("C-q")
+    done = tui.wait_for(r"EXIT=(\d+) TTY=(\w+)", timeout=30)
+    assert done.groups() == ("0", "restored")
