@@ -24,7 +24,7 @@ from chatapp.fingerprint import Fingerprint, ModelIdentity, tokenizer_fingerprin
 from chatapp.restore import Restored, restore
 from chatapp.session import Session
 from chatapp.snapshot import SnapshotWriter, snapshot_bytes
-from chatapp.store import ChatData, ChatStore, Message, StoreError, describe
+from chatapp.store import ChatChanged, ChatData, ChatStore, Message, StoreError, describe
 from model.errors import UserError
 
 SNAPSHOT_BUDGET = 4 << 30  # snapshots of older chats are pruned past this; those chats re-prefill
@@ -54,6 +54,8 @@ class ChatKeeper:
         self.chat_id: int | None = None
         self.title: str | None = None
         self.created = 0.0
+        # the chat's messages as we last read or wrote them: a save finding others forks (store.save)
+        self.expect: list[tuple[str, str]] | None = None
         self.writer: SnapshotWriter | None = None
         self.clean_upto = 0          # cache positions below this are unchanged since the last snapshot
         self.saved_sig: tuple | None = None
@@ -133,7 +135,17 @@ class ChatKeeper:
             return
         try:
             data = self.chat_data()
-            self.chat_id, self.created = self.store.save(data), data.created
+            try:
+                self.chat_id, self.created = self.store.save(data, self.expect), data.created
+            except ChatChanged as e:  # keep both: theirs as it is, ours as a new chat
+                old, title = self.chat_id, self.title
+                self.detach()
+                self.title = f"{title} (2)" if title else None
+                data = self.chat_data()
+                self.chat_id, self.created = self.store.save(data), data.created
+                yield Info(f"{e}: this conversation continues as chat #{self.chat_id}",
+                           {"forked_from": old, "chat": self.chat_id})
+            self.expect = [(m.role, m.content) for m in data.messages]
             self.saved_sig = self.signature()
             self.last_error = ""
         except StoreError as e:
@@ -193,9 +205,9 @@ class ChatKeeper:
         if title:
             self.title = " ".join(title.split())
         self.last_error = ""
-        errors = list(self.commit(force=True))
-        if errors:
-            yield from errors
+        events = list(self.commit(force=True))
+        yield from events
+        if any(isinstance(e, Error) for e in events):
             return
         snap_errors = list(self.write_snapshot())
         segs = self.writer.segments if self.writer else None
@@ -220,10 +232,12 @@ class ChatKeeper:
             yield Error("/load: no other stored chat")
             return
         self.last_error = ""
-        if errors := list(self.commit()):  # never drop a conversation the store does not hold yet
+        events = list(self.commit())
+        if errors := [e for e in events if isinstance(e, Error)]:  # never drop a conversation the store lacks
             yield Error(f"/load: staying in this chat, it could not be saved ({errors[0].message}); "
                         "/export keeps a copy")
             return
+        yield from events  # a fork to a new chat (another window changed this one) is worth saying
         try:
             restored, errors = self.open(chat_id)
         except StoreError as e:
@@ -246,6 +260,7 @@ class ChatKeeper:
         self.restored = restore(self.session, chat, ident, folder)
         self.detach()
         self.chat_id, self.title, self.created = chat_id, chat.title, chat.created
+        self.expect = [(m.role, m.content) for m in chat.messages]
         # past what the snapshot gave back, segments on disk are not trusted (one may be corrupt)
         self.clean_upto = self.restored.restored_tokens
         self.last_error = ""
@@ -253,7 +268,7 @@ class ChatKeeper:
 
     def detach(self) -> None:
         self.chat_id, self.title, self.writer, self.saved_sig = None, None, None, None
-        self.clean_upto, self.created = 0, 0.0
+        self.clean_upto, self.created, self.expect = 0, 0.0, None
 
     def export(self, dest: str) -> Iterator[Event]:
         s = self.session

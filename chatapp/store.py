@@ -54,6 +54,10 @@ class StoreError(UserError):
     """The store cannot do what was asked; the message is one line for the user."""
 
 
+class ChatChanged(StoreError):
+    """Another window saved this chat since we last read or wrote it."""
+
+
 def data_home() -> Path:
     """`$NANOCHAT_TUI_HOME`, else `$XDG_DATA_HOME/nanochat-tui`, else ~/.local/share/nanochat-tui."""
     if home := os.environ.get("NANOCHAT_TUI_HOME"):
@@ -169,14 +173,22 @@ class ChatStore:
                 raise
 
     # --- writing ------------------------------------------------------------
-    def save(self, chat: ChatData) -> int:
-        """Insert or replace the whole chat in one transaction; returns its id."""
+    def save(self, chat: ChatData, expect: list[tuple[str, str]] | None = None) -> int:
+        """Insert or replace the whole chat in one transaction; returns its id. With `expect`
+        (the (role, content) of its messages when we last read or wrote it): ChatChanged if the
+        store holds other messages now. Another window wrote them, and replacing the chat
+        would lose that window's turns."""
         now = time.time()
         row = (chat.title, chat.model, chat.model_fingerprint, chat.tokenizer_fingerprint,
                json.dumps(chat.settings), chat.system, json.dumps(chat.prefix_tokens), chat.cache_pos)
         with self._guard("save the chat") as db:
             db.execute("BEGIN IMMEDIATE")
             cur = None
+            if chat.id is not None and expect is not None:
+                held = db.execute("SELECT role, content FROM messages WHERE chat_id = ? ORDER BY seq",
+                                  (chat.id,)).fetchall()
+                if [tuple(r) for r in held] != expect:
+                    raise ChatChanged(f"chat {chat.id} was changed in another window")
             if chat.id is not None:
                 cur = db.execute("UPDATE chats SET title=?, model=?, model_fingerprint=?, tokenizer_fingerprint=?,"
                                  " settings=?, system=?, prefix_tokens=?, cache_pos=?, updated=? WHERE id=?",

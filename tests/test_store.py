@@ -210,3 +210,25 @@ def test_lone_surrogates_are_refused_and_the_store_stays_usable(keeper, store):
     assert not [e for e in events if isinstance(e, Error)]
     stored = ChatStore(store.root).get(keeper.chat_id)
     assert [m.content for m in stored.messages][::2] == ["hello", "still fine"]
+
+
+def test_two_windows_on_one_chat_lose_nothing(tiny, store):
+    """Window B opens A's chat; both go on. A's turn must not be overwritten by B's save:
+    B's conversation continues as a new chat and says so."""
+    a = ChatKeeper(Session(tiny, Settings(temperature=0.0, max_new_tokens=6), context=512), store)
+    b = ChatKeeper(Session(tiny, Settings(temperature=0.0, max_new_tokens=6), context=512),
+                   ChatStore(store.root))
+    list(a.send("first, from A"))
+    list(b.run_command(f"/load {a.chat_id}"))
+    assert b.chat_id == a.chat_id
+    list(a.send("second, from A"))
+    events = list(b.send("second, from B"))
+    (fork,) = [e for e in events if isinstance(e, Info) and "another window" in e.text]
+    assert b.chat_id != a.chat_id and fork.data == {"forked_from": a.chat_id, "chat": b.chat_id}
+    users = lambda k: [m.content for m in ChatStore(store.root).get(k.chat_id).messages][::2]  # noqa: E731
+    assert users(a) == ["first, from A", "second, from A"]
+    assert users(b) == ["first, from A", "second, from B"]
+    list(b.send("third, from B"))  # B now owns its own chat: no more forks
+    assert users(b) == ["first, from A", "second, from B", "third, from B"]
+    list(a.send("third, from A"))
+    assert users(a) == ["first, from A", "second, from A", "third, from A"]
