@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, BinaryIO, TextIO
 
-from chatapp.commands import split_input
+from chatapp.commands import is_text, split_input
 from chatapp.events import Error, Event, Quit, TextDelta, to_json
 from chatapp.session import Session
 
@@ -41,10 +41,8 @@ def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[tuple[str, str] | Err
         if kind is None:
             yield Error(f'line {n}: expected {{"user": "..."}} or {{"command": "/..."}}')
             continue
-        try:
-            obj[kind].encode("utf-8")  # a JSON escape can name a lone surrogate, which no text holds
-        except UnicodeEncodeError as e:
-            yield Error(f"line {n}: not valid Unicode (a lone surrogate at character {e.start}); line skipped")
+        if not is_text(obj[kind]):  # a JSON escape can name a lone surrogate, which no text holds
+            yield Error(f"line {n}: not valid Unicode (a lone surrogate); line skipped")
             continue
         yield (kind, obj[kind])
 
