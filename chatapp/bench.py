@@ -99,8 +99,7 @@ def variants(lm, cache, args: BenchArgs, peak: float) -> dict[str, list[dict]]:
     out = {}
     configs = {"eager": None, "graph+torch": GraphConfig(fused=False), "graph+fused+fa3": GraphConfig(attn="fa3"),
                "graph+fused+triton (no lookahead)": GraphConfig(lookahead=False),
-               "graph+fused+triton (no PDL)": GraphConfig(pdl=False),
-               "graph+persistent (one kernel, grid barriers)": GraphConfig(persistent=True)}
+               "graph+fused+triton (no PDL)": GraphConfig(pdl=False)}
     for name, cfg in configs.items():
         try:
             gen = Generator(lm.model, cache, lm.tokenizer.vocab_size, graphs=cfg)

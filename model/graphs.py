@@ -34,17 +34,14 @@ class GraphConfig:
     num_splits: int = 1         # FA3's num_splits, pinned: capture and replay must agree
     lookahead: bool = True      # launch the next step before the host has read the sampled token
     pdl: bool = True            # programmatic dependent launch between the fused kernels (Hopper+)
-    persistent: bool = False    # the whole step as one kernel with grid barriers (slower: docs/notes.md)
 
     @classmethod
     def from_env(cls) -> GraphConfig | None:
-        """NANOCHAT_GRAPHS=0 turns graphs off; =torch keeps graphs but not the Triton kernels;
-        =persistent runs the one-launch persistent kernel instead of a kernel a stage."""
+        """NANOCHAT_GRAPHS=0 turns graphs off; =torch keeps graphs but not the Triton kernels."""
         v = os.environ.get("NANOCHAT_GRAPHS", "1").lower()
         if v in ("0", "off", "eager"):
             return None
-        return cls(fused=v != "torch", persistent=v == "persistent",
-                   attn=os.environ.get("NANOCHAT_DECODE_ATTN", "triton"))
+        return cls(fused=v != "torch", attn=os.environ.get("NANOCHAT_DECODE_ATTN", "triton"))
 
 
 def build_step(model: torch.nn.Module, cache: KVCache, cfg: GraphConfig):
@@ -53,9 +50,6 @@ def build_step(model: torch.nn.Module, cache: KVCache, cfg: GraphConfig):
     from model.llama import Llama
 
     if isinstance(model, Llama):
-        if cfg.fused and triton_available() and cfg.persistent and cfg.attn == "triton":
-            from model.kernels.persistent import LlamaPersistentStep
-            return LlamaPersistentStep(model, cache, cfg.splits)
         if cfg.fused and triton_available():
             from model.kernels.llama_step import LlamaFusedStep
             return LlamaFusedStep(model, cache, cfg.attn, cfg.splits, cfg.num_splits, cfg.pdl)

@@ -145,9 +145,8 @@ def chat_prompt(lm) -> list[int]:
 
 @pytest.mark.gpu
 @cuda
-@pytest.mark.parametrize("cfg", [GraphConfig(fused=False), GraphConfig(), GraphConfig(lookahead=False),
-                                 GraphConfig(persistent=True)],
-                         ids=["plain-graph", "fused", "fused-no-lookahead", "persistent"])
+@pytest.mark.parametrize("cfg", [GraphConfig(fused=False), GraphConfig(), GraphConfig(lookahead=False)],
+                         ids=["plain-graph", "fused", "fused-no-lookahead"])
 def test_graph_greedy_equals_eager_for_200_tokens(lm, cfg):
     eager = Generator(lm.model, lm.model.new_cache(1024), lm.tokenizer.vocab_size, graphs=None)
     graph = Generator(lm.model, lm.model.new_cache(1024), lm.tokenizer.vocab_size, graphs=cfg)
@@ -170,8 +169,7 @@ def test_graph_greedy_equals_eager_for_200_tokens(lm, cfg):
     print(f"{graph.graphs.name}: max logit gap {max(gaps):.1f} bf16 ulps, exact argmax at "
           f"{sum(g == 0 for g in gaps)}/200 steps, free-running tokens first differ at {first_diff}")
     real = bool(os.environ.get("NANOCHAT_TEST_GGUF"))
-    # Random weights give near-flat logits, where even the plain graph is 7 ulps off (H200).
-    assert max(gaps) <= (4 if real else 24)
+    assert max(gaps) <= (4 if real else 16)
     if real and not cfg.fused:  # the plain graph runs eager's own ops: exactly equal
         assert ours == same
 
@@ -187,8 +185,7 @@ def test_pdl_changes_timing_not_results(lm):
         pytest.skip("programmatic dependent launch needs Hopper or newer")
     runs = []
     for pdl in (False, True):
-        gen = Generator(lm.model, lm.model.new_cache(1024), lm.tokenizer.vocab_size,
-                        graphs=GraphConfig(pdl=pdl))
+        gen = Generator(lm.model, lm.model.new_cache(1024), lm.tokenizer.vocab_size, graphs=GraphConfig(pdl=pdl))
         assert gen.graphs.name.endswith("+pdl") == pdl
         toks = greedy(gen, chat_prompt(lm), 80)
         c = gen.cache
@@ -196,40 +193,6 @@ def test_pdl_changes_timing_not_results(lm):
     (t0, l0, k0, v0), (t1, l1, k1, v1) = runs
     assert t0 == t1
     assert torch.equal(l0, l1) and torch.equal(k0, k1) and torch.equal(v0, v1)
-
-
-@pytest.mark.gpu
-@cuda
-@pytest.mark.parametrize("programs", [0, 7])
-def test_persistent_step_equals_a_kernel_a_stage(lm, programs):
-    """The one-launch step against the per-stage kernels on the same cache, at contexts where
-    attention takes one split, several, and every split (so the in-kernel merge runs), with
-    the GPU's own grid and with a grid of 7 programs (many units each, ragged last rounds)."""
-    from model.kernels.llama_step import LlamaFusedStep
-    from model.kernels.persistent import LlamaPersistentStep
-
-    cache = lm.model.new_cache(4096)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    cache.k_cache.copy_(torch.randn(cache.k_cache.shape, generator=g, device="cuda"))
-    cache.v_cache.copy_(torch.randn(cache.v_cache.shape, generator=g, device="cuda"))
-    with torch.inference_mode():
-        stages = LlamaFusedStep(lm.model, cache)
-        # the same split layout, so the same attention sums: only the schedule differs
-        one = LlamaPersistentStep(lm.model, cache, splits=stages.decode_attn.splits, programs=programs)
-        for pos in (0, 37, 64, 700, 4000):
-            cache.reset()
-            cache.advance(pos)
-            for step in (stages, one):
-                step.tok.fill_(pos % 1000 + 5)
-                step()
-            torch.cuda.synchronize()
-            assert not one.stuck()
-            k_new = cache.k_cache[:, 0, pos].clone()
-            print(f"pos {pos}: persistent vs a kernel a stage, logits rel err {rel_err(one.logits, stages.logits):.2e}")
-            assert torch.equal(one.logits, stages.logits), pos  # same sums, same rounding points
-            stages()
-            assert torch.equal(cache.k_cache[:, 0, pos], k_new), pos
-            assert int(cache.cache_seqlens) == pos  # neither step advances the cache
 
 
 @pytest.mark.gpu

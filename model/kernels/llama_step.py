@@ -26,18 +26,13 @@ def pack_rows(linears: list[torch.nn.Linear]) -> torch.Tensor:
     if packed is not None and packed.data_ptr() == linears[0].weight.data_ptr():
         return packed  # packed by an earlier step on this model
     packed = torch.cat([lin.weight.detach() for lin in linears], dim=0).contiguous()
-    point_rows(linears, packed)
-    return packed
-
-
-def point_rows(linears: list[torch.nn.Linear], packed: torch.Tensor) -> None:
-    """Make each module's weight a view of its rows of `packed`."""
     row = 0
     for lin in linears:
         n = lin.weight.shape[0]
         lin.weight.data = packed[row:row + n]
         row += n
     linears[0]._packed_rows = packed
+    return packed
 
 
 @dataclass
