@@ -169,7 +169,9 @@ def test_graph_greedy_equals_eager_for_200_tokens(lm, cfg):
     print(f"{graph.graphs.name}: max logit gap {max(gaps):.1f} bf16 ulps, exact argmax at "
           f"{sum(g == 0 for g in gaps)}/200 steps, free-running tokens first differ at {first_diff}")
     real = bool(os.environ.get("NANOCHAT_TEST_GGUF"))
-    assert max(gaps) <= (4 if real else 16)
+    # Random weights make near-flat logits: even the plain graph, running eager's own ops,
+    # sits 7 ulps off eager there (H200), and the fused path 13-19.
+    assert max(gaps) <= (4 if real else 24)
     if real and not cfg.fused:  # the plain graph runs eager's own ops: exactly equal
         assert ours == same
 
@@ -193,6 +195,36 @@ def test_pdl_changes_timing_not_results(lm):
     (t0, l0, k0, v0), (t1, l1, k1, v1) = runs
     assert t0 == t1
     assert torch.equal(l0, l1) and torch.equal(k0, k1) and torch.equal(v0, v1)
+
+
+@pytest.mark.gpu
+@cuda
+def test_fused_step_across_attention_split_layouts(lm):
+    """The fused step against the plain PyTorch step at positions where attention ends in one
+    split, in a few, and in every split with several key blocks each (the last-arriver merge
+    and the in-split block loop); the cache full of random K/V so every key matters."""
+    from model.kernels.llama_step import LlamaFusedStep
+    from model.kernels.torch_step import LlamaTorchStep
+
+    cache = lm.model.new_cache(4096)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    cache.k_cache.copy_(torch.randn(cache.k_cache.shape, generator=g, device="cuda") * 0.5)
+    cache.v_cache.copy_(torch.randn(cache.v_cache.shape, generator=g, device="cuda") * 0.5)
+    with torch.inference_mode():
+        fused, ref = LlamaFusedStep(lm.model, cache), LlamaTorchStep(lm.model, cache)
+        splits = fused.decode_attn.splits
+        for pos in (0, 100, 700, 2100, 4000):
+            cache.reset()
+            cache.advance(pos)
+            for step in (ref, fused):
+                step.tok.fill_(pos % 1000 + 5)
+                step()
+            torch.cuda.synchronize()
+            blocks = (pos + 64) // 64
+            per = -(-blocks // splits)
+            err = rel_err(fused.logits, ref.logits)
+            print(f"pos {pos}: {-(-blocks // per)} live splits of {per} blocks, logits rel err vs torch step {err:.1e}")
+            assert err < 0.1, pos  # random weights: bf16 roundings compound over 30 layers (~4e-2)
 
 
 @pytest.mark.gpu
