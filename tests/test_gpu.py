@@ -201,30 +201,33 @@ def test_pdl_changes_timing_not_results(lm):
 @cuda
 def test_fused_step_across_attention_split_layouts(lm):
     """The fused step against the plain PyTorch step at positions where attention ends in one
-    split, in a few, and in every split with several key blocks each (the last-arriver merge
-    and the in-split block loop); the cache full of random K/V so every key matters."""
+    split, in a few, and in every split walking several key blocks (the last-arriver merge and
+    the in-split block loop), over a cache the model itself filled (4,000 random tokens)."""
     from model.kernels.llama_step import LlamaFusedStep
     from model.kernels.torch_step import LlamaTorchStep
 
     cache = lm.model.new_cache(4096)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    cache.k_cache.copy_(torch.randn(cache.k_cache.shape, generator=g, device="cuda") * 0.5)
-    cache.v_cache.copy_(torch.randn(cache.v_cache.shape, generator=g, device="cuda") * 0.5)
+    ids = torch.randint(0, lm.tokenizer.vocab_size, (1, 4001), device="cuda",
+                        generator=torch.Generator(device="cuda").manual_seed(0))
     with torch.inference_mode():
+        for start in range(0, 4000, 500):
+            lm.model(ids[:, start:start + 500], cache)
         fused, ref = LlamaFusedStep(lm.model, cache), LlamaTorchStep(lm.model, cache)
         splits = fused.decode_attn.splits
         for pos in (0, 100, 700, 2100, 4000):
-            cache.reset()
-            cache.advance(pos)
-            for step in (ref, fused):
-                step.tok.fill_(pos % 1000 + 5)
+            for step in (ref, fused):  # each feeds the token the prefill put there: the cache stays the same
+                cache.reset()
+                cache.advance(pos)  # moves the counter only: the prefilled K/V stay
+                step.tok.fill_(int(ids[0, pos]))
                 step()
             torch.cuda.synchronize()
             blocks = (pos + 64) // 64
             per = -(-blocks // splits)
             err = rel_err(fused.logits, ref.logits)
             print(f"pos {pos}: {-(-blocks // per)} live splits of {per} blocks, logits rel err vs torch step {err:.1e}")
-            assert err < 0.1, pos  # random weights: bf16 roundings compound over 30 layers (~4e-2)
+            # Real SmolLM2: 3e-3..8e-3 (H200). Random weights: 4e-2..8e-2, bf16 roundings compounding
+            # over 30 layers of near-flat logits. A wrong key, block or merge is off by O(1).
+            assert err < (0.02 if os.environ.get("NANOCHAT_TEST_GGUF") else 0.15), pos
 
 
 @pytest.mark.gpu
