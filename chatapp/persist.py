@@ -128,8 +128,13 @@ class ChatKeeper:
                 repr(dataclasses.asdict(s.settings)), self.title)
 
     def commit(self, force: bool = False) -> Iterator[Event]:
-        """Store the chat if it changed (an empty new chat is not stored unless forced)."""
+        """Store the chat if it changed (an empty new chat is not stored unless forced, and one
+        that /undo emptied is deleted)."""
         if self.store is None or not (force or self.session.exchanges or self.chat_id is not None):
+            return
+        # stored with messages, none left: emptied by /undo (an empty chat /save'd on purpose stays)
+        if not force and self.chat_id is not None and self.expect and not self.session.turns:
+            yield from self.drop()
             return
         if not force and self.signature() == self.saved_sig:
             return
@@ -150,6 +155,23 @@ class ChatKeeper:
             self.last_error = ""
         except StoreError as e:
             yield from self.report(f"chat not saved: {e}; it stays open and the next save will catch up")
+
+    def drop(self) -> Iterator[Event]:
+        """Delete the stored chat every exchange of which was undone: an empty chat would linger in
+        the chats list. This window goes on as a new chat, stored with its next message."""
+        chat_id = self.chat_id
+        try:
+            self.store.delete(chat_id, self.expect)
+        except ChatChanged as e:  # another window's turns are in it: theirs to keep
+            self.detach()
+            yield Info(f"{e}: it stays stored as that window left it", {"chat": chat_id})
+            return
+        except StoreError as e:  # still attached: the next save tries again
+            yield from self.report(f"empty chat #{chat_id} not deleted: {e}")
+            return
+        self.detach()
+        self.last_error = ""
+        yield Info(f"chat #{chat_id} is empty now, so it is no longer stored", {"deleted": chat_id})
 
     def chat_data(self) -> ChatData:
         s = self.session

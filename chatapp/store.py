@@ -185,10 +185,7 @@ class ChatStore:
             db.execute("BEGIN IMMEDIATE")
             cur = None
             if chat.id is not None and expect is not None:
-                held = db.execute("SELECT role, content FROM messages WHERE chat_id = ? ORDER BY seq",
-                                  (chat.id,)).fetchall()
-                if [tuple(r) for r in held] != expect:
-                    raise ChatChanged(f"chat {chat.id} was changed in another window")
+                self._check_unchanged(db, chat.id, expect)
             if chat.id is not None:
                 cur = db.execute("UPDATE chats SET title=?, model=?, model_fingerprint=?, tokenizer_fingerprint=?,"
                                  " settings=?, system=?, prefix_tokens=?, cache_pos=?, updated=? WHERE id=?",
@@ -207,6 +204,13 @@ class ChatStore:
         chat.updated = now
         return chat.id
 
+    @staticmethod
+    def _check_unchanged(db: sqlite3.Connection, chat_id: int, expect: list[tuple[str, str]]) -> None:
+        held = db.execute("SELECT role, content FROM messages WHERE chat_id = ? ORDER BY seq",
+                          (chat_id,)).fetchall()
+        if [tuple(r) for r in held] != expect:
+            raise ChatChanged(f"chat {chat_id} was changed in another window")
+
     def rename(self, chat_id: int, title: str) -> None:
         title = " ".join(title.split())
         if not title:
@@ -215,9 +219,15 @@ class ChatStore:
             if db.execute("UPDATE chats SET title = ? WHERE id = ?", (title, chat_id)).rowcount == 0:
                 raise StoreError(f"no chat {chat_id}")
 
-    def delete(self, chat_id: int) -> None:
+    def delete(self, chat_id: int, expect: list[tuple[str, str]] | None = None) -> None:
+        """With `expect` (as for `save`): ChatChanged, and nothing deleted, if the store holds
+        other messages now: another window's turns are not ours to delete."""
         with self._guard("delete the chat") as db:
+            db.execute("BEGIN IMMEDIATE")
+            if expect is not None:
+                self._check_unchanged(db, chat_id, expect)
             db.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
+            db.execute("COMMIT")
         shutil.rmtree(self.snapshot_dir(chat_id), ignore_errors=True)
 
     # --- reading ------------------------------------------------------------

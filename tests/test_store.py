@@ -92,9 +92,65 @@ def test_reset_starts_a_new_chat_and_keeps_the_old(keeper, store):
     assert keeper.chat_id is None and len(store.list()) == 1  # an empty chat is not stored
     list(keeper.send("two"))
     assert keeper.chat_id != first and len(store.list()) == 2
+    list(keeper.send("three"))
     list(keeper.run_command("/undo"))
-    assert store.get(keeper.chat_id).messages == []  # undo is saved too
-    assert [m.content for m in store.get(first).messages][0] == "one"
+    assert [m.content for m in store.get(keeper.chat_id).messages] == ["two", keeper.session.exchanges[0].reply]
+    assert [m.content for m in store.get(first).messages][0] == "one"  # undo is saved too, in its own chat
+
+
+def test_undo_to_nothing_deletes_the_chat_and_the_next_message_starts_a_new_one(keeper, store):
+    list(keeper.send("kept elsewhere"))
+    other = keeper.chat_id
+    list(keeper.run_command("/reset"))
+    list(keeper.send("regretted"))
+    list(keeper.send("this too"))
+    emptied, title = keeper.chat_id, keeper.title
+    assert title == "regretted" and store.snapshot_dir(emptied).is_dir()
+    list(keeper.run_command("/undo"))
+    assert [m.content for m in store.get(emptied).messages][::2] == ["regretted"]  # not empty yet: kept
+    (state, info) = list(keeper.run_command("/undo"))
+    assert state.event == "undo" and isinstance(info, Info) and info.data == {"deleted": emptied}
+    assert store.get(emptied) is None and not store.snapshot_dir(emptied).exists()
+    assert keeper.chat_id is None and [c.id for c in store.list()] == [other]  # nothing else went
+    assert [m.content for m in store.get(other).messages][0] == "kept elsewhere"
+    (err,) = list(keeper.run_command("/undo"))  # nothing left to undo: nothing else happens
+    assert isinstance(err, Error) and [c.id for c in store.list()] == [other]
+
+    list(keeper.send("a fresh start"))  # the same window: a new chat, titled by its own first message
+    assert keeper.chat_id not in (None, emptied, other) and keeper.title == "a fresh start"
+    stored = store.get(keeper.chat_id)
+    assert [m.content for m in stored.messages] == ["a fresh start", keeper.session.exchanges[0].reply]
+    assert stored.cache_pos == keeper.session.cache.pos and store.snapshot_dir(keeper.chat_id).is_dir()
+    assert len(store.list()) == 2
+
+
+def test_undo_to_nothing_keeps_an_explicitly_saved_empty_chat_and_a_chat_with_trimmed_turns(tiny, store):
+    """Only a chat the undo emptied goes: one /save'd while empty stays, and so does one whose
+    earlier exchanges a trim moved out of the context (they are still its messages)."""
+    k = ChatKeeper(Session(tiny, Settings(temperature=0.0, max_new_tokens=6)), store)
+    list(k.run_command("/save Notes"))
+    list(k.run_command("/undo"))
+    assert store.get(k.chat_id).title == "Notes"
+    small = ChatKeeper(Session(tiny, Settings(temperature=0.0, max_new_tokens=6), context=128), store)
+    list(small.send("a first message that the next one pushes out of the context"))
+    list(small.send("x" * 70))
+    assert small.session.archive and len(small.session.exchanges) == 1
+    list(small.run_command("/undo"))
+    archived = store.get(small.chat_id).messages
+    assert [m.content for m in archived][0].startswith("a first message") and len(archived) == 2
+
+
+def test_undo_to_nothing_leaves_a_chat_another_window_changed(tiny, store):
+    a = ChatKeeper(Session(tiny, Settings(temperature=0.0, max_new_tokens=6), context=512), store)
+    b = ChatKeeper(Session(tiny, Settings(temperature=0.0, max_new_tokens=6), context=512),
+                   ChatStore(store.root))
+    list(a.send("first, from A"))
+    list(b.run_command(f"/load {a.chat_id}"))
+    list(a.send("second, from A"))
+    events = list(b.run_command("/undo"))  # B empties its copy; A's turns are still in the store
+    (info,) = [e for e in events if isinstance(e, Info)]
+    assert "another window" in info.text and b.chat_id is None
+    assert [m.content for m in store.get(a.chat_id).messages][::2] == ["first, from A", "second, from A"]
 
 
 def test_save_title_export_and_no_store(keeper, tiny, tmp_path):

@@ -77,6 +77,41 @@ async def test_retry_and_undo_move_the_cache_as_the_session_says():
         assert row(app, "cache_seqlens") == f"{s.cache.pos} / 2048"
 
 
+async def test_undo_takes_the_undone_turn_off_the_panel():
+    """The last-turn rows and the sparkline show the chat as it is after /undo: the turn left on
+    top (its latest reply, after a retry), or blanks once nothing is left."""
+    app = make_app("--temperature", "1")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        s = app.session
+        await submit(pilot, "one")
+        await submit(pilot, "two")
+        await submit(pilot, "/retry")
+        first, retried = s.history[0], s.history[-1]
+        await submit(pilot, "three")
+        assert app.query_one("#history", Sparkline).data == [st.prefill_tokens for st in s.history]
+
+        await submit(pilot, "/undo")
+        assert row(app, "prefill") == f"{retried.prefill_tokens} new"
+        assert row(app, "cached") == f"{retried.cached_before} reused"
+        assert row(app, "ttft") == f"{retried.ttft_ms:.1f} ms"
+        assert row(app, "speed") == f"{retried.tokens_per_s:.1f} tok/s"
+        assert app.query_one("#history", Sparkline).data == [st.prefill_tokens for st in s.history[:3]]
+
+        await submit(pilot, "/undo")  # turn two goes with both of its replies
+        assert row(app, "prefill") == f"{first.prefill_tokens} new"
+        assert app.query_one("#history", Sparkline).data == [first.prefill_tokens]
+        assert row(app, "turns") == f"1, max {first.prefill_tokens}, last {first.prefill_tokens}"
+
+        await submit(pilot, "/undo")
+        assert [row(app, id) for id in ("prefill", "cached", "ttft", "speed", "turns")] == ["—"] * 5
+        assert app.query_one("#history", Sparkline).data == []
+
+        await submit(pilot, "again")
+        assert row(app, "prefill") == f"{s.history[-1].prefill_tokens} new"
+        assert app.query_one("#history", Sparkline).data == [s.history[-1].prefill_tokens]
+
+
 async def test_escape_cancels_and_the_next_turn_continues_from_the_partial_reply():
     # greedy: random:tiny's greedy reply to this never samples a stop token, so only Esc can end it
     app = make_app("--max-new-tokens", "100000", "--temperature", "0")

@@ -98,3 +98,62 @@ async def test_resume_shows_trimmed_exchanges_dimmed():
         await until(pilot, lambda: users(app) == msgs, what="the whole chat on screen")
         dimmed = [w.has_class("dropped") for w in app.transcript.query(UserMessage)]
         assert dimmed == [True] * (len(msgs) - kept) + [False] * kept
+
+
+def restore_line(app) -> str:
+    """The panel's "restored …" line, "" while it is hidden."""
+    line = app.panel.query_one("#restore")
+    return str(line.render()) if line.display else ""
+
+
+async def test_undo_or_retry_into_an_opened_chat_takes_back_the_restore_line():
+    """The line says how the opened chat's cache came back. It stays while the cache still holds
+    all of that, and goes once an /undo or a /retry rewinds into it (or a trim recomputes it)."""
+    app = make_app("--temperature", "0", "--context", "256", "--max-new-tokens", "8")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        s = app.session
+        await submit(pilot, "one")
+        await submit(pilot, "two")
+        first = app.keeper.chat_id
+        await submit(pilot, "/reset")
+        await submit(pilot, "other")
+        second = app.keeper.chat_id
+
+        await submit(pilot, f"/load {first}")
+        line = f"restored {s.cache.pos} tokens from snapshot"
+        assert restore_line(app) == line
+        await submit(pilot, "three")
+        await submit(pilot, "/undo")  # takes back only what came after the restore
+        assert restore_line(app) == line
+        await submit(pilot, "/undo")  # now into what was restored
+        assert restore_line(app) == "" and users(app) == ["one"]
+        await submit(pilot, "two again")
+        assert restore_line(app) == ""  # and it does not come back
+
+        await submit(pilot, f"/load {second}")
+        assert restore_line(app).startswith("restored ")
+        await submit(pilot, "/retry")  # the restored reply is generated anew
+        assert restore_line(app) == ""
+
+        await submit(pilot, f"/load {first}")
+        assert restore_line(app).startswith("restored ")
+        await submit(pilot, "y" * 150)  # the context is full: everything kept is re-prefilled
+        assert s.archive and restore_line(app) == ""
+
+
+async def test_a_chat_undone_to_nothing_leaves_the_chats_list_and_the_next_message_starts_one():
+    app = make_app("--temperature", "0")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await submit(pilot, "oops")
+        gone = app.keeper.chat_id
+        assert app.sub_title.endswith(f"chat #{gone} oops")
+        await submit(pilot, "/undo")
+        assert app.keeper.chat_id is None and app.sub_title == "random:tiny"
+        assert f"chat #{gone} is empty now, so it is no longer stored" in notices(app)
+        assert app.keeper.store.list() == []
+        await submit(pilot, "meant this")
+        new = app.keeper.chat_id
+        assert new not in (None, gone) and app.sub_title.endswith(f"chat #{new} meant this")
+        assert [c.title for c in app.keeper.store.list()] == ["meant this"]

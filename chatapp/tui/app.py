@@ -229,10 +229,16 @@ class ChatApp(App[None]):
                            "KV snapshot).", "dim")
         if kind == "load" and self.keeper.restored:
             self.panel.show_restore(self.keeper.restored.line)
-        elif kind in ("reset", "system"):
+        elif kind in ("reset", "system", "trim") or self.cuts_restore(ev):
             self.panel.show_restore("")
         self.show_chat()
         self.refresh_panel()
+
+    def cuts_restore(self, ev: Event) -> bool:
+        """An /undo or /retry that rewound the cache below what the stored chat's restore gave
+        back: the restore line would describe K/V that is gone (a trim recomputes all of it)."""
+        r = self.keeper.restored
+        return isinstance(ev, CacheState) and r is not None and ev.cache_seqlens < r.cache_seqlens
 
     def show_chat(self) -> None:
         """The header names the model and, once it is stored, the chat."""
@@ -250,6 +256,7 @@ class ChatApp(App[None]):
             await t.remove_last_reply()
         elif ev.event == "undo":
             await t.remove_last_exchange()
+            self.panel.undo_turns(self.session.turns)
         else:  # the conversation was replaced (a stored chat opened): show it as the session has it
             await self.show_history()
             self.panel.clear_turns()

@@ -73,7 +73,7 @@ class CachePanel(VerticalScroll):
     def __init__(self, stable: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
         self.stable = stable
-        self.prefills: list[int] = []
+        self.turn_stats: list[TurnStats] = []  # the chat's turns since it was opened here, retries included
         self.border_title = "KV cache"
 
     def compose(self) -> ComposeResult:
@@ -132,21 +132,30 @@ class CachePanel(VerticalScroll):
         restore.display = bool(restore_line)
 
     def show_turn(self, st: TurnStats) -> None:
-        self.row("prefill").set(f"{st.prefill_tokens} new")
-        self.row("cached").set(f"{st.cached_before} reused")
-        self.row("ttft").set(HIDDEN if self.stable else f"{st.ttft_ms:.1f} ms")
-        self.row("speed").set(HIDDEN if self.stable else f"{st.tokens_per_s:.1f} tok/s")
-        self.prefills.append(st.prefill_tokens)
-        self._show_history()
+        self.turn_stats.append(st)
+        self._show_turns()
+
+    def undo_turns(self, turns: int) -> None:
+        """After /undo, the chat has `turns` turns: the undone one (and its retries) leaves the
+        figures, which fall back to the last turn still in the chat, or blanks."""
+        self.turn_stats = [st for st in self.turn_stats if st.turn <= turns]
+        self._show_turns()
 
     def clear_turns(self) -> None:
         """A new chat: the last-turn figures and the history belong to the old one."""
-        for id in ("prefill", "cached", "ttft", "speed"):
-            self.row(id).set("—")
-        self.prefills.clear()
-        self._show_history()
+        self.turn_stats.clear()
+        self._show_turns()
 
-    def _show_history(self) -> None:
-        p = self.prefills
+    def _show_turns(self) -> None:
+        """The last turn's figures (blanks when there is none) and the prefill history."""
+        last = {}
+        if self.turn_stats:
+            st = self.turn_stats[-1]
+            last = {"prefill": f"{st.prefill_tokens} new", "cached": f"{st.cached_before} reused",
+                    "ttft": HIDDEN if self.stable else f"{st.ttft_ms:.1f} ms",
+                    "speed": HIDDEN if self.stable else f"{st.tokens_per_s:.1f} tok/s"}
+        for id in ("prefill", "cached", "ttft", "speed"):
+            self.row(id).set(last.get(id, "—"))
+        p = [st.prefill_tokens for st in self.turn_stats]
         self.row("turns").set(f"{len(p)}, max {max(p)}, last {p[-1]}" if p else "—")
         self.query_one("#history", Sparkline).data = p[-HISTORY:]
