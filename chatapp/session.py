@@ -284,8 +284,9 @@ class Session:
              "shape": list(c.shape), "dtype": str(c.dtype).removeprefix("torch."), "device": str(c.device),
              "kv_bytes_used": c.bytes_used, "kv_bytes_allocated": c.bytes_allocated,
              "backend": self.lm.model.attn.name, "turns": self.turns}
-        if self.history:
-            last = self.history[-1]
+        kept = [st for st in self.history if st.turn <= self.turns]  # an /undo takes its turn's figures too
+        if kept:
+            last = kept[-1]
             d |= {"last_prefill_tokens": last.prefill_tokens, "last_ttft_ms": round(last.ttft_ms, 2),
                   "last_tokens_per_s": round(last.tokens_per_s, 2)}
         return d

@@ -103,6 +103,18 @@ def test_undo_removes_the_last_exchange(session):
     assert isinstance(run(session.run_command("/undo"))[0], Error)
 
 
+def test_stats_after_undo_describe_the_turn_left(session):
+    one = turn_of(run(session.send("one")))
+    two = turn_of(run(session.send("two, a longer message than the first one")))
+    assert session.stats()["last_prefill_tokens"] == two.prefill_tokens != one.prefill_tokens
+    run(session.run_command("/undo"))
+    st = session.stats()
+    assert st["turns"] == 1 and st["last_prefill_tokens"] == one.prefill_tokens
+    assert st["last_ttft_ms"] == round(one.ttft_ms, 2)
+    run(session.run_command("/undo"))
+    assert "last_prefill_tokens" not in session.stats()
+
+
 def test_system_and_set(session):
     run(session.send("hi"))
     (ev,) = run(session.run_command("/system You are terse."))
