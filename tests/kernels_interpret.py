@@ -25,13 +25,13 @@ def main(prompts: list[int]) -> None:
             ref_cache, cache = m.new_cache(2048), m.new_cache(2048)
             m(ids, ref_cache)
             m(ids, cache)
-            step = LlamaFusedStep(m, cache, pdl=False)
+            step = LlamaFusedStep(m, cache, pdl=False, splits=4)
             for tok in (7, 11):
                 ref = m(torch.tensor([[tok]]), ref_cache)[0, -1]
                 step.tok.fill_(tok)
                 out = step()[:ref.shape[0]]
                 cache.advance(1)
-                rows.append(dict(prompt=n, tok=tok, splits=step.decode_attn.splits,
+                rows.append(dict(prompt=n, tok=tok, splits=step.decode_attn.splits, block=step.decode_attn.block_n,
                                  rel_err=float((out - ref).norm() / ref.norm()),
                                  argmax_equal=int(out.argmax()) == int(ref.argmax())))
             k = (cache.k_cache[:, :, :cache.pos] - ref_cache.k_cache[:, :, :cache.pos]).abs().max()

@@ -213,7 +213,7 @@ def test_fused_step_across_attention_split_layouts(lm):
         for start in range(0, 4000, 500):
             lm.model(ids[:, start:start + 500], cache)
         fused, ref = LlamaFusedStep(lm.model, cache), LlamaTorchStep(lm.model, cache)
-        splits = fused.decode_attn.splits
+        splits, block = fused.decode_attn.splits, fused.decode_attn.block_n
         for pos in (0, 100, 700, 2100, 4000):
             for step in (ref, fused):  # each feeds the token the prefill put there: the cache stays the same
                 cache.reset()
@@ -221,7 +221,7 @@ def test_fused_step_across_attention_split_layouts(lm):
                 step.tok.fill_(int(ids[0, pos]))
                 step()
             torch.cuda.synchronize()
-            blocks = (pos + 64) // 64
+            blocks = (pos + block) // block
             per = -(-blocks // splits)
             err = rel_err(fused.logits, ref.logits)
             print(f"pos {pos}: {-(-blocks // per)} live splits of {per} blocks, logits rel err vs torch step {err:.1e}")

@@ -17,13 +17,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_fused_step_in_the_interpreter_matches_eager():
-    # 20 tokens: one key block, one split. 150: three splits, merged by the last one to
-    # finish. 1500: 24 blocks over 16 splits, so each split walks two blocks before the merge.
+    # Four splits of 128-key blocks (head_dim 16). 20 tokens: one block, one split. 150: two
+    # splits, merged by the last one to finish. 1500: 12 blocks, so each split walks three.
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "kernels_interpret.py"), "20", "150", "1500"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = json.loads(out.stdout.strip().splitlines()[-1])
     assert [r["prompt"] for r in rows] == [20, 20, 150, 150, 1500, 1500]
+    assert {(r["splits"], r["block"]) for r in rows} == {(4, 128)}
     for r in rows:
         assert r["rel_err"] < 1e-5, r     # fp32: only the summation order differs
         assert r["argmax_equal"], r
