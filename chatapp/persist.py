@@ -61,6 +61,9 @@ class ChatKeeper:
         self.saved_sig: tuple | None = None
         self.restored: Restored | None = None
         self.last_error = ""
+        # created by this window's autosave and never /save'd or opened: only such a chat is
+        # deleted when /undo empties it (one the user named or reopened stays, even empty)
+        self.ephemeral = False
 
     # --- what faces call ----------------------------------------------------------
     def send(self, text: str) -> Iterator[Event]:
@@ -132,19 +135,24 @@ class ChatKeeper:
         that /undo emptied is deleted)."""
         if self.store is None or not (force or self.session.exchanges or self.chat_id is not None):
             return
-        # stored with messages, none left: emptied by /undo (an empty chat /save'd on purpose stays)
-        if not force and self.chat_id is not None and self.expect and not self.session.turns:
+        # autosaved with messages, none left: emptied by /undo
+        if not force and self.ephemeral and self.expect and not self.session.turns:
             yield from self.drop()
             return
         if not force and self.signature() == self.saved_sig:
             return
         try:
             data = self.chat_data()
+            new = self.chat_id is None
             try:
                 self.chat_id, self.created = self.store.save(data, self.expect), data.created
             except ChatChanged as e:  # keep both: theirs as it is, ours as a new chat
                 old, title = self.chat_id, self.title
                 self.detach()
+                if not self.session.turns:  # ours is empty: nothing of ours to keep
+                    yield Info(f"{e}: it stays as that window left it", {"chat": old})
+                    return
+                new = True
                 self.title = f"{title} (2)" if title else None
                 data = self.chat_data()
                 self.chat_id, self.created = self.store.save(data), data.created
@@ -153,6 +161,7 @@ class ChatKeeper:
             self.expect = [(m.role, m.content) for m in data.messages]
             self.saved_sig = self.signature()
             self.last_error = ""
+            self.ephemeral = not force and (new or self.ephemeral)
         except StoreError as e:
             yield from self.report(f"chat not saved: {e}; it stays open and the next save will catch up")
 
@@ -166,7 +175,8 @@ class ChatKeeper:
             self.detach()
             yield Info(f"{e}: it stays stored as that window left it", {"chat": chat_id})
             return
-        except StoreError as e:  # still attached: the next save tries again
+        except StoreError as e:  # it stays stored, empty; this window still goes on as a new chat
+            self.detach()
             yield from self.report(f"empty chat #{chat_id} not deleted: {e}")
             return
         self.detach()
@@ -290,7 +300,7 @@ class ChatKeeper:
 
     def detach(self) -> None:
         self.chat_id, self.title, self.writer, self.saved_sig = None, None, None, None
-        self.clean_upto, self.created, self.expect = 0, 0.0, None
+        self.clean_upto, self.created, self.expect, self.ephemeral = 0, 0.0, None, False
 
     def export(self, dest: str) -> Iterator[Event]:
         s = self.session

@@ -209,7 +209,7 @@ class ChatStore:
         held = db.execute("SELECT role, content FROM messages WHERE chat_id = ? ORDER BY seq",
                           (chat_id,)).fetchall()
         if [tuple(r) for r in held] != expect:
-            raise ChatChanged(f"chat {chat_id} was changed in another window")
+            raise ChatChanged(f"chat {chat_id} was changed or deleted in another window")
 
     def rename(self, chat_id: int, title: str) -> None:
         title = " ".join(title.split())
