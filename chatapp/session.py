@@ -91,6 +91,7 @@ class Session:
         self.tokens = self.template.start(self.system)
         self.exchanges = []
         self.archive = []
+        self.history = []  # turn figures belong to the chat they were measured in
 
     def adopt(self, tokens: list[int], exchanges: list[Exchange], archive: list[Exchange] = ()) -> None:
         """Take over a stored conversation with an empty cache: every token is pending, so the
@@ -98,6 +99,7 @@ class Session:
         self.cache.reset()
         self.gen.forget()
         self.tokens, self.exchanges, self.archive = list(tokens), list(exchanges), list(archive)
+        self.history = []
 
     def truncate(self, n: int) -> None:
         """Cut the token list to n tokens, rewinding the cache if it held more."""
