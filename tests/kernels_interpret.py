@@ -40,5 +40,33 @@ def main(prompts: list[int]) -> None:
     print(json.dumps(rows))
 
 
+def attention_edges() -> None:
+    """DecodeAttention alone against a float64 softmax at the key-block edges, for head dims
+    on both sides of the 128/64-key block switch, and 1, 2 and 4 splits."""
+    from model.kernels.decode_attention import DecodeAttention
+
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    for d in (16, 64, 128):
+        for splits in (1, 2, 4):
+            att = DecodeAttention(4, 2, d, 4 * 128 + 64, "cpu", splits)
+            b = att.block_n
+            cap = 4 * b + 64
+            k, v = torch.randn(cap, 2, d, generator=g), torch.randn(cap, 2, d, generator=g)
+            q = torch.randn(4, d, generator=g)
+            for pos in sorted({0, 1, b - 2, b - 1, b, b + 1, 2 * b - 1, 2 * b, 3 * b + 5, cap - 1}):
+                out = att(q, k, v, torch.tensor([pos], dtype=torch.int32), torch.empty(4 * d)).view(4, d)
+                kk, vv = k[:pos + 1].double().repeat_interleave(2, 1), v[:pos + 1].double().repeat_interleave(2, 1)
+                p = torch.einsum("hd,thd->ht", q.double(), kk).mul(d ** -0.5).softmax(-1)
+                ref = torch.einsum("ht,thd->hd", p, vv)
+                rows.append(dict(d=d, splits=att.splits, block=b, pos=pos,
+                                 rel_err=float((out.double() - ref).norm() / ref.norm()),
+                                 counters_reset=bool((att.count == 0).all())))
+    print(json.dumps(rows))
+
+
 if __name__ == "__main__":
-    main([int(a) for a in sys.argv[1:]])
+    if sys.argv[1:] == ["attention"]:
+        attention_edges()
+    else:
+        main([int(a) for a in sys.argv[1:]])

@@ -170,8 +170,8 @@ def test_graph_greedy_equals_eager_for_200_tokens(lm, cfg):
           f"{sum(g == 0 for g in gaps)}/200 steps, free-running tokens first differ at {first_diff}")
     real = bool(os.environ.get("NANOCHAT_TEST_GGUF"))
     # Random weights make near-flat logits: even the plain graph, running eager's own ops,
-    # sits 7 ulps off eager there (H200), and the fused path 13-19.
-    assert max(gaps) <= (4 if real else 24)
+    # sits 7 ulps off eager there, and the fused path 13-14 (H200).
+    assert max(gaps) <= (4 if real else 16)
     if real and not cfg.fused:  # the plain graph runs eager's own ops: exactly equal
         assert ours == same
 
@@ -212,9 +212,10 @@ def test_fused_step_across_attention_split_layouts(lm):
     with torch.inference_mode():
         for start in range(0, 4000, 500):
             lm.model(ids[:, start:start + 500], cache)
-        fused, ref = LlamaFusedStep(lm.model, cache), LlamaTorchStep(lm.model, cache)
+        # 8 splits: at 2,100 and 4,000 tokens each walks 3-4 blocks (128-key blocks on SmolLM2)
+        fused, ref = LlamaFusedStep(lm.model, cache, splits=8), LlamaTorchStep(lm.model, cache)
         splits, block = fused.decode_attn.splits, fused.decode_attn.block_n
-        for pos in (0, 100, 700, 2100, 4000):
+        for pos in (0, 200, 700, 2100, 4000):
             for step in (ref, fused):  # each feeds the token the prefill put there: the cache stays the same
                 cache.reset()
                 cache.advance(pos)  # moves the counter only: the prefilled K/V stay

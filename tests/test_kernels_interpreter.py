@@ -29,3 +29,16 @@ def test_fused_step_in_the_interpreter_matches_eager():
         assert r["rel_err"] < 1e-5, r     # fp32: only the summation order differs
         assert r["argmax_equal"], r
     assert all(r["cache_max_diff"] < 1e-5 for r in rows if "cache_max_diff" in r)
+
+
+def test_decode_attention_at_the_key_block_edges():
+    """Split-KV attention alone against a float64 softmax wherever the newest key starts,
+    ends or sits alone in a block or a split, with 64- and 128-key blocks and 1-4 splits."""
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "kernels_interpret.py"), "attention"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {(r["d"], r["block"]) for r in rows} == {(16, 128), (64, 128), (128, 64)}
+    assert {r["splits"] for r in rows} == {1, 2, 4} and {0, 63, 64, 127, 128, 129} <= {r["pos"] for r in rows}
+    for r in rows:
+        assert r["rel_err"] < 1e-5 and r["counters_reset"], r

@@ -113,6 +113,12 @@ def test_stats_after_undo_describe_the_turn_left(session):
     assert st["last_ttft_ms"] == round(one.ttft_ms, 2)
     run(session.run_command("/undo"))
     assert "last_prefill_tokens" not in session.stats()
+    run(session.send("a turn of a chat that /reset then leaves"))
+    run(session.send("and another"))
+    run(session.run_command("/reset"))
+    run(session.send("new chat"))
+    run(session.run_command("/undo"))  # turn 1 of the new chat undone: the old chat's turns don't count
+    assert "last_prefill_tokens" not in session.stats()
 
 
 def test_system_and_set(session):

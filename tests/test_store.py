@@ -124,13 +124,26 @@ def test_undo_to_nothing_deletes_the_chat_and_the_next_message_starts_a_new_one(
     assert len(store.list()) == 2
 
 
-def test_undo_to_nothing_keeps_an_explicitly_saved_empty_chat_and_a_chat_with_trimmed_turns(tiny, store):
-    """Only a chat the undo emptied goes: one /save'd while empty stays, and so does one whose
-    earlier exchanges a trim moved out of the context (they are still its messages)."""
+def test_undo_to_nothing_keeps_named_reopened_and_trimmed_chats(tiny, store):
+    """Only a chat this window autosaved goes when the undo empties it: one /save'd (empty or
+    not) stays, one reopened with /load stays, and so does one whose earlier exchanges a trim
+    moved out of the context (they are still its messages)."""
     k = ChatKeeper(Session(tiny, Settings(temperature=0.0, max_new_tokens=6)), store)
     list(k.run_command("/save Notes"))
     list(k.run_command("/undo"))
     assert store.get(k.chat_id).title == "Notes"
+    named = ChatKeeper(Session(tiny, Settings(temperature=0.0, max_new_tokens=6)), store)
+    list(named.send("a note"))
+    list(named.run_command("/save Project"))  # named on purpose: the user keeps it, even emptied
+    list(named.run_command("/undo"))
+    assert store.get(named.chat_id).title == "Project" and store.get(named.chat_id).messages == []
+    reopened = ChatKeeper(Session(tiny, Settings(temperature=0.0, max_new_tokens=6)), store)
+    list(reopened.send("from an earlier session"))
+    old = reopened.chat_id
+    again = ChatKeeper(Session(tiny, Settings(temperature=0.0, max_new_tokens=6)), store)
+    list(again.run_command(f"/load {old}"))
+    list(again.run_command("/undo"))  # a chat reopened, then emptied: stays, as a chat the user had
+    assert store.get(old) is not None and again.chat_id == old
     small = ChatKeeper(Session(tiny, Settings(temperature=0.0, max_new_tokens=6), context=128), store)
     list(small.send("a first message that the next one pushes out of the context"))
     list(small.send("x" * 70))
@@ -151,6 +164,7 @@ def test_undo_to_nothing_leaves_a_chat_another_window_changed(tiny, store):
     (info,) = [e for e in events if isinstance(e, Info)]
     assert "another window" in info.text and b.chat_id is None
     assert [m.content for m in store.get(a.chat_id).messages][::2] == ["first, from A", "second, from A"]
+    assert len(store.list()) == 1  # B had nothing left to keep: no empty copy of the chat
 
 
 def test_save_title_export_and_no_store(keeper, tiny, tmp_path):
