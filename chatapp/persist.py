@@ -132,7 +132,7 @@ class ChatKeeper:
 
     def commit(self, force: bool = False) -> Iterator[Event]:
         """Store the chat if it changed (an empty new chat is not stored unless forced, and one
-        that /undo emptied is deleted)."""
+        this window autosaved is deleted once /undo empties it)."""
         if self.store is None or not (force or self.session.exchanges or self.chat_id is not None):
             return
         # autosaved with messages, none left: emptied by /undo
@@ -168,18 +168,16 @@ class ChatKeeper:
     def drop(self) -> Iterator[Event]:
         """Delete the stored chat every exchange of which was undone: an empty chat would linger in
         the chats list. This window goes on as a new chat, stored with its next message."""
-        chat_id = self.chat_id
+        chat_id, expect = self.chat_id, self.expect
+        self.detach()  # whatever the store says, this window goes on as a new chat
         try:
-            self.store.delete(chat_id, self.expect)
+            self.store.delete(chat_id, expect)
         except ChatChanged as e:  # another window's turns are in it: theirs to keep
-            self.detach()
             yield Info(f"{e}: it stays stored as that window left it", {"chat": chat_id})
             return
-        except StoreError as e:  # it stays stored, empty; this window still goes on as a new chat
-            self.detach()
+        except StoreError as e:  # it stays stored, empty
             yield from self.report(f"empty chat #{chat_id} not deleted: {e}")
             return
-        self.detach()
         self.last_error = ""
         yield Info(f"chat #{chat_id} is empty now, so it is no longer stored", {"deleted": chat_id})
 
