@@ -10,6 +10,10 @@ for it, already launches the next step with it (lookahead): its K/V land at cach
 past the cache's end, where nothing reads them (docs/cache-invariant.md). Only `feed()` of
 that same token advances the cache; anything else (a stop token, a rewind, another token)
 just drops the speculative result. So `cache_seqlens == cache.pos` holds at every moment.
+
+Greedy decoding skips the sampler graph: the step graph ends with the argmax itself
+(kernels/greedy.py), which leaves the token in the step's input and in a pinned host slot,
+so a greedy token costs one graph launch and an event.
 """
 
 from __future__ import annotations
@@ -110,12 +114,17 @@ class GraphDecoder:
         self.sampler = DeviceSampler(self.logits, step.tok)
         self.pool = torch.cuda.graph_pool_handle()
         self.host_tok = torch.zeros(1, dtype=torch.long).pin_memory()
-        self.event = torch.cuda.Event()
+        self.events = [torch.cuda.Event() for _ in range(4)]  # a ring: at most two are waited on at once
         self.ahead: tuple[int, int] | None = None   # (pos, tok) of a step launched speculatively
+        self.picked: tuple[int, torch.cuda.Event] | None = None  # the latest replay's position, done-event
         self.last_tok: int | None = None            # the newest token in the cache
         self.mode: str | None = None
+        from model.kernels import triton_available
+        self.picks = triton_available()  # else greedy goes through the sampler graph
+        self.host_picks = torch.zeros(cache.capacity + 1, dtype=torch.long).pin_memory()
+        self.pdl = getattr(step, "pdl", False)
         with torch.inference_mode():
-            self.step_graph = self._capture(step)
+            self.step_graph = self._capture(self._step_and_pick)
             self.sample_graphs = {"greedy": self._capture(self.sampler.greedy)}
             self.sample_graphs["sample"] = self._capture(self.sampler.sample, rng)
         self.name = getattr(step, "name", "graph")
@@ -138,15 +147,30 @@ class GraphDecoder:
             fn()
         return graph
 
+    def _step_and_pick(self) -> None:
+        self.step()
+        if self.picks:
+            from model.kernels.greedy import greedy_pick
+            greedy_pick(self.logits, self.cache.cache_seqlens, self.step.tok, self.host_picks, self.pdl)
+
+    def _replay(self) -> None:
+        """One step at cache_seqlens; its greedy token lands in host slot `cache.pos`."""
+        self.step_graph.replay()
+        self.events.append(ev := self.events.pop(0))
+        ev.record()
+        self.picked = (self.cache.pos, ev)
+
     # --- the state the host and the device must agree on -----------------------
     def settle(self) -> None:
         """Drop a speculative step: its K/V sit past the cache end and its logits are stale."""
         self.ahead = None
+        self.picked = None
 
     def load_logits(self, logits: torch.Tensor, last_tok: int) -> None:
         """After an eager prefill: its last logits become the sampler's input."""
         self.logits.copy_(logits)
         self.last_tok = last_tok
+        self.picked = None
 
     # --- per token ----------------------------------------------------------------
     def feed(self, tok: int) -> None:
@@ -159,7 +183,7 @@ class GraphDecoder:
             self.settle()
         c.check_fits(1)
         self.step.tok.fill_(tok)
-        self.step_graph.replay()
+        self._replay()
         self._advanced(tok)
 
     def _advanced(self, tok: int) -> None:
@@ -172,18 +196,24 @@ class GraphDecoder:
         if self.ahead is not None:  # sampled before, never fed: the logits moved on; recompute
             self._refeed_last()
         mode = "greedy" if cfg.temperature <= 0 else "sample"
-        if mode == "sample" and self.mode != (key := f"{cfg.temperature}/{cfg.top_k}/{cfg.top_p}"):
-            self.sampler.set(cfg)
-            self.mode = key
-        self.sample_graphs[mode].replay()
-        self.host_tok.copy_(self.step.tok, non_blocking=True)
-        self.event.record()
         pos = self.cache.pos
+        picked = self.picked if mode == "greedy" and self.picks else None
+        if picked is not None and picked[0] == pos - 1:  # the last step already picked it
+            done, host = picked[1], self.host_picks[pos - 1:pos]
+        else:
+            if mode == "sample" and self.mode != (key := f"{cfg.temperature}/{cfg.top_k}/{cfg.top_p}"):
+                self.sampler.set(cfg)
+                self.mode = key
+            self.sample_graphs[mode].replay()
+            self.host_tok.copy_(self.step.tok, non_blocking=True)
+            self.events.append(done := self.events.pop(0))
+            done.record()
+            host = self.host_tok
         launched = self.cfg.lookahead and self.cache.free >= 1
         if launched:
-            self.step_graph.replay()
-        self.event.synchronize()  # the one host sync per token
-        tok = int(self.host_tok[0])
+            self._replay()
+        done.synchronize()  # the one host sync per token
+        tok = int(host[0])
         if launched:
             self.ahead = (pos, tok)
         return tok

@@ -40,33 +40,70 @@ def main(prompts: list[int]) -> None:
     print(json.dumps(rows))
 
 
+def live_splits(keys: int, block: int, splits: int) -> int:
+    blocks = -(-keys // block)
+    per = -(-blocks // splits)
+    return -(-blocks // per)
+
+
 def attention_edges() -> None:
     """DecodeAttention alone against a float64 softmax at the key-block edges, for head dims
-    on both sides of the 128/64-key block switch, and 1, 2 and 4 splits."""
+    on both sides of the 128/64-key block switch, with 1 to 24 live splits."""
     from model.kernels.decode_attention import DecodeAttention
 
     rows = []
     g = torch.Generator().manual_seed(0)
-    for d in (16, 64, 128):
-        for splits in (1, 2, 4):
-            att = DecodeAttention(4, 2, d, 4 * 128 + 64, "cpu", splits)
-            b = att.block_n
-            cap = 4 * b + 64
-            k, v = torch.randn(cap, 2, d, generator=g), torch.randn(cap, 2, d, generator=g)
-            q = torch.randn(4, d, generator=g)
-            for pos in sorted({0, 1, b - 2, b - 1, b, b + 1, 2 * b - 1, 2 * b, 3 * b + 5, cap - 1}):
-                out = att(q, k, v, torch.tensor([pos], dtype=torch.int32), torch.empty(4 * d)).view(4, d)
-                kk, vv = k[:pos + 1].double().repeat_interleave(2, 1), v[:pos + 1].double().repeat_interleave(2, 1)
-                p = torch.einsum("hd,thd->ht", q.double(), kk).mul(d ** -0.5).softmax(-1)
-                ref = torch.einsum("ht,thd->hd", p, vv)
-                rows.append(dict(d=d, splits=att.splits, block=b, pos=pos,
-                                 rel_err=float((out.double() - ref).norm() / ref.norm()),
-                                 counters_reset=bool((att.count == 0).all())))
+    # (head dim, splits, key blocks in the cache): 1-4 splits take the few-splits merge; 32
+    # splits over 24 blocks reach 18 and 24 live splits, the many-splits merge.
+    cases = [(d, s, 4) for d in (16, 64, 128) for s in (1, 2, 4)] + [(16, 32, 24)]
+    for d, splits, blocks in cases:
+        att = DecodeAttention(4, 2, d, blocks * 128 + 64, "cpu", splits)
+        b = att.block_n
+        cap = blocks * b + 64
+        k, v = torch.randn(cap, 2, d, generator=g), torch.randn(cap, 2, d, generator=g)
+        q = torch.randn(4, d, generator=g)
+        for pos in sorted({0, 1, b - 2, b - 1, b, b + 1, 2 * b - 1, 2 * b, 3 * b + 5, 17 * b + 5, cap - 1}):
+            if pos >= cap:
+                continue
+            out = att(q, k, v, torch.tensor([pos], dtype=torch.int32), torch.empty(4 * d)).view(4, d)
+            kk, vv = k[:pos + 1].double().repeat_interleave(2, 1), v[:pos + 1].double().repeat_interleave(2, 1)
+            p = torch.einsum("hd,thd->ht", q.double(), kk).mul(d ** -0.5).softmax(-1)
+            ref = torch.einsum("ht,thd->hd", p, vv)
+            rows.append(dict(d=d, splits=att.splits, block=b, pos=pos, live=live_splits(pos + 1, b, att.splits),
+                             rel_err=float((out.double() - ref).norm() / ref.norm()),
+                             counters_reset=bool((att.count == 0).all())))
+    print(json.dumps(rows))
+
+
+def greedy_cases() -> None:
+    """greedy_pick against torch.argmax: ties inside a block and across blocks, the maximum in
+    the last partial block, bf16 logits, and the host slot chosen by the position."""
+    from model.kernels.greedy import BLOCK, greedy_pick
+
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for v, dtype, where in ((BLOCK * 3 + 17, torch.float32, "random"), (BLOCK * 3 + 17, torch.float32, "last"),
+                            (BLOCK * 2, torch.float32, "tie_across"), (100, torch.float32, "tie_within"),
+                            (BLOCK + 5, torch.bfloat16, "random")):
+        logits = torch.randn(v, generator=g).to(dtype)
+        if where == "last":
+            logits[-1] = 50
+        elif where == "tie_across":
+            logits[BLOCK + 3] = logits[5] = 50
+        elif where == "tie_within":
+            logits[70] = logits[40] = 50
+        tok, host = torch.zeros(1, dtype=torch.long), torch.full((64,), -1, dtype=torch.long)
+        pos = torch.tensor([37], dtype=torch.int32)
+        greedy_pick(logits, pos, tok, host)
+        rows.append(dict(v=v, case=where, got=int(tok[0]), host=int(host[37]), want=int(logits.argmax()),
+                         others_untouched=int((host != -1).sum()) == 1))
     print(json.dumps(rows))
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["attention"]:
         attention_edges()
+    elif sys.argv[1:] == ["greedy"]:
+        greedy_cases()
     else:
         main([int(a) for a in sys.argv[1:]])

@@ -322,6 +322,25 @@ def test_lookahead_recovers_when_the_sampled_token_is_not_fed(lm):
 
 @pytest.mark.gpu
 @cuda
+def test_greedy_pick_in_the_step_equals_the_sampler_graph(lm):
+    """Greedy tokens read from the step's own argmax (pinned host slots, one per position)
+    are the ones the sampler graph picks from the same logits, with and without lookahead,
+    and the fast path is the one taken once a step has run."""
+    runs = {}
+    for picks in (True, False):
+        for lookahead in (True, False):
+            gen = Generator(lm.model, lm.model.new_cache(1024), lm.tokenizer.vocab_size,
+                            graphs=GraphConfig(lookahead=lookahead))
+            gen.graphs.picks = picks
+            runs[picks, lookahead] = greedy(gen, chat_prompt(lm), 120)
+            if picks:
+                p = len(chat_prompt(lm))
+                assert gen.graphs.host_picks[p:p + 119].tolist() == runs[picks, lookahead][1:]
+    assert len({tuple(t) for t in runs.values()}) == 1, runs
+
+
+@pytest.mark.gpu
+@cuda
 @pytest.mark.parametrize("name", ["oct2025", "head"])
 def test_nanochat_graph_greedy_equals_eager(name):
     opts = LoadOptions(device="cuda", dtype=torch.bfloat16, tokenizer=str(FIX / "tokenizer" / "tokenizer.pkl"))

@@ -33,12 +33,28 @@ def test_fused_step_in_the_interpreter_matches_eager():
 
 def test_decode_attention_at_the_key_block_edges():
     """Split-KV attention alone against a float64 softmax wherever the newest key starts,
-    ends or sits alone in a block or a split, with 64- and 128-key blocks and 1-4 splits."""
+    ends or sits alone in a block or a split, with 64- and 128-key blocks and 1-24 live
+    splits (both shapes of the merge)."""
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "kernels_interpret.py"), "attention"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = json.loads(out.stdout.strip().splitlines()[-1])
     assert {(r["d"], r["block"]) for r in rows} == {(16, 128), (64, 128), (128, 64)}
-    assert {r["splits"] for r in rows} == {1, 2, 4} and {0, 63, 64, 127, 128, 129} <= {r["pos"] for r in rows}
+    assert {r["splits"] for r in rows} == {1, 2, 4, 32} and {0, 63, 64, 127, 128, 129} <= {r["pos"] for r in rows}
+    live = {r["live"] for r in rows}
+    assert {1, 2, 3, 4} <= live and max(live) > 16   # both merge shapes, and the single split
     for r in rows:
         assert r["rel_err"] < 1e-5 and r["counters_reset"], r
+
+
+def test_greedy_pick_is_torch_argmax():
+    """The argmax that ends the captured step: the first of equal maxima, across its blocks,
+    written to the step's token and to the host slot of the position (and nowhere else)."""
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "kernels_interpret.py"), "greedy"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(rows) == 5
+    for r in rows:
+        assert r["got"] == r["host"] == r["want"] and r["others_untouched"], r
+    assert {r["want"] for r in rows if r["case"].startswith("tie")} == {5, 40}
