@@ -82,4 +82,4 @@ def norm_qkv_rope(x: torch.Tensor, norm_w: torch.Tensor | None, wqkv: torch.Tens
         x, norm_w if norm_w is not None else x, wqkv, cos, sin, pos, q_out, k_cache, v_cache,
         eps, k_cache.stride(-3), k_cache.stride(-2), K=k, KP=kp,
         HQ=n_head, HK=n_kv, D=d, BP=bp, HAS_NW=norm_w is not None,
-        PDL=pdl, num_warps=4, launch_pdl=pdl)
+        PDL=pdl, num_warps=gemv.WARPS, launch_pdl=pdl)
