@@ -144,11 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     except UnicodeDecodeError as e:
         print(f"nanochat-tui: error: input is not valid UTF-8 ({e.reason})", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 130
     except BrokenPipeError:  # the reader of our stdout went away (`| head`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail again
         return 1
+    except OSError as e:  # the machine said no (a full disk, a home that is a file): one line, no trace
+        where = f": {e.filename}" if e.filename else ""
+        print(f"nanochat-tui: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

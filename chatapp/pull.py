@@ -100,12 +100,16 @@ def run_pip_download(m: Manifest, staging: Path, report: ProgressFn) -> Path:
 
 
 def _size(root: Path) -> int:
+    """Bytes under `root` while pip renames and deletes its temp files and folders as we look:
+    os.walk skips a folder that vanished (Path.rglob raises on it), and a file that vanished
+    between listing and stat counts as nothing."""
     total = 0
-    for p in root.rglob("*"):
-        try:
-            total += p.stat().st_size if p.is_file() else 0
-        except OSError:   # pip renames and deletes its temp files as we look
-            pass
+    for folder, _, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(folder, name), follow_symlinks=False).st_size
+            except OSError:
+                pass
     return total
 
 

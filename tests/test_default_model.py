@@ -146,3 +146,35 @@ def test_first_pull_without_network(tmp_path, args):
     home = tmp_path / "home"
     r = cli(*args, home=home, stdin="hello\n", extra_env=OFFLINE)
     one_line_failure(r, home, "pull --from")
+
+
+def test_download_progress_survives_pip_deleting_its_temp_folders(tmp_path):
+    """pip creates and deletes folders (pip-build-tracker-*) under the staging dir while the
+    progress poller walks it; a folder vanishing mid-walk once failed a real pull."""
+    import shutil
+    import threading
+
+    from chatapp.pull import _size
+
+    (tmp_path / "download").mkdir()
+    (tmp_path / "download" / "part").write_bytes(b"x" * 1000)
+    stop = threading.Event()
+
+    def churn() -> None:
+        i = 0
+        while not stop.is_set():
+            d = tmp_path / "tmp" / f"tracker-{i % 7}" / "inner"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "f").write_bytes(b"y")
+            shutil.rmtree(d.parent, ignore_errors=True)
+            i += 1
+
+    t = threading.Thread(target=churn)
+    t.start()
+    try:
+        sizes = [_size(tmp_path) for _ in range(3000)]
+    finally:
+        stop.set()
+        t.join()
+    assert min(sizes) >= 1000 and max(sizes) <= 1000 + 7
+    assert _size(tmp_path) == 1000

@@ -70,6 +70,15 @@ def test_bad_model_is_one_line_error():
     assert err.startswith("nanochat-tui: error: model not found") and "\n" not in err
 
 
+def test_unusable_home_is_one_line_error(tmp_path):
+    """An OS refusal (here a data home under a plain file) is the machine's answer, not a bug."""
+    (tmp_path / "file").write_text("")
+    env = {**os.environ, "NANOCHAT_TUI_HOME": str(tmp_path / "file" / "home")}
+    p = subprocess.run([sys.executable, "-m", "chatapp.cli", "pull"], capture_output=True, timeout=60, env=env)
+    err = p.stderr.decode().strip()
+    assert p.returncode == 1 and err == f"nanochat-tui: error: Not a directory: {tmp_path / 'file' / 'home'}"
+
+
 def test_hostile_input_gets_one_line_errors_and_the_chat_goes_on(tmp_path):
     lines = [
         json.dumps({"user": "hello"}),
