@@ -28,6 +28,11 @@ class SamplingConfig:
     seed: int | None = None
 
 
+# Below this, top_p keeps only the top token anyway (its runner-up holds at least 1/V of the
+# mass); the floor stops a tiny top_p from rounding to 0 in float32 and dropping every token.
+MIN_TOP_P = 1e-6
+
+
 def sample_token(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator | None) -> torch.Tensor:
     """Sample from (V,) logits on their device; returns a 0-d int64 tensor (no host sync)."""
     if cfg.temperature <= 0:
@@ -40,7 +45,7 @@ def sample_token(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator
         sorted_logits, order = torch.sort(logits, descending=True)
         probs = sorted_logits.softmax(-1)
         # Drop a token once the mass before it already reaches top_p; the first always stays.
-        drop = probs.cumsum(-1) - probs >= cfg.top_p
+        drop = probs.cumsum(-1) - probs >= max(cfg.top_p, MIN_TOP_P)
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
     probs = logits.softmax(-1)
     return torch.multinomial(probs, 1, generator=gen)[0]

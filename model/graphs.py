@@ -81,9 +81,11 @@ class DeviceSampler:
         self.gen: torch.Generator | None = None
 
     def set(self, cfg: SamplingConfig) -> None:
+        from model.generate import MIN_TOP_P
+
         self.temperature.fill_(max(cfg.temperature, 1e-6))
         self.top_k.fill_(min(cfg.top_k, self.ranks.numel()) if cfg.top_k > 0 else self.ranks.numel())
-        self.top_p.fill_(cfg.top_p if cfg.top_p < 1.0 else 2.0)  # 2: never drop anything
+        self.top_p.fill_(max(cfg.top_p, MIN_TOP_P) if cfg.top_p < 1.0 else 2.0)  # 2: never drop anything
 
     def greedy(self) -> None:
         self.out.copy_(self.logits.argmax(-1, keepdim=True))

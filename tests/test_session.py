@@ -237,3 +237,65 @@ def test_a_stop_during_a_trims_refill_stops_that_reply(tiny):
     assert_invariant(s)
     assert_transcript(s)
     assert turn_of(run(s.send("next"))).stop != "cancel"
+
+
+class Poison:
+    """Turns the real model's final norm to NaN, as a corrupt checkpoint would, and back."""
+
+    def __init__(self, lm):
+        self.w = lm.model.get_parameter("model.norm.weight")
+        self.saved = self.w.detach().clone()
+
+    def __call__(self) -> None:
+        with torch.no_grad():
+            self.w.fill_(float("nan"))
+
+    def heal(self) -> None:
+        with torch.no_grad():
+            self.w.copy_(self.saved)
+
+
+def fail_mid_reply(events, poison: Poison) -> list:
+    """Drain a turn, poisoning the model after the first streamed text: the next sample meets NaN."""
+    out = []
+    try:
+        for ev in events:
+            out.append(ev)
+            if isinstance(ev, TextDelta):
+                poison()
+    finally:
+        poison.heal()
+    return out
+
+
+def test_a_model_failure_mid_reply_puts_the_chat_back(tiny):
+    s = Session(tiny, Settings(temperature=1.0, seed=5, max_new_tokens=16), context=1024)
+    run(s.send("first message"))
+    tokens, replies, turns = list(s.tokens), [(e.user, e.reply) for e in s.exchanges], len(s.history)
+    poison = Poison(tiny)
+
+    events = fail_mid_reply(s.send("second message"), poison)
+    assert any(isinstance(e, TextDelta) for e in events)  # it failed mid-reply, not before it
+    assert isinstance(events[-2], CacheState) and events[-2].event == "undone"
+    assert isinstance(events[-1], Error) and events[-1].message.startswith("the model failed during this turn")
+    assert "\n" not in events[-1].message
+    assert s.tokens == tokens and [(e.user, e.reply) for e in s.exchanges] == replies and len(s.history) == turns
+    assert_invariant(s)
+    assert_transcript(s)
+
+    events = fail_mid_reply(s.run_command("/retry"), poison)  # a failed retry keeps the old reply
+    assert isinstance(events[-1], Error) and s.tokens == tokens
+    assert [(e.user, e.reply) for e in s.exchanges] == replies
+    assert_invariant(s)
+
+    st = turn_of(run(s.send("second message")))  # and the chat goes on from the cache
+    assert st.cached_before > 0 and s.turns == 2
+    assert_invariant(s)
+    assert_transcript(s)
+
+
+def test_a_tiny_top_p_keeps_the_top_token(tiny):
+    """1e-320 is a valid top_p, but it is 0 in float32: every token would be dropped."""
+    s = Session(tiny, Settings(temperature=1.0, top_p=1e-320, max_new_tokens=8), context=512)
+    greedy = Session(tiny, Settings(temperature=0.0, max_new_tokens=8), context=512)
+    assert turn_of(run(s.send("hi"))).reply == turn_of(run(greedy.send("hi"))).reply

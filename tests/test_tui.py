@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from textual import events
 from textual.widgets import Sparkline
-from tui_pilot import make_app, notices, ready, replies, row, submit, until
+from tui_pilot import endless, make_app, notices, ready, replies, row, submit, until
 
 from chatapp.tui.screens import ErrorScreen, HelpScreen
 from chatapp.tui.transcript import UserMessage
@@ -113,10 +114,10 @@ async def test_undo_takes_the_undone_turn_off_the_panel():
 
 
 async def test_escape_cancels_and_the_next_turn_continues_from_the_partial_reply():
-    # greedy: random:tiny's greedy reply to this never samples a stop token, so only Esc can end it
     app = make_app("--max-new-tokens", "100000", "--temperature", "0")
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
+        endless(app)  # only Esc (or the full context, seconds later) can end this reply
         s = app.session
         await pilot.press(*"write a lot", "enter")
         await until(pilot, lambda: app.batches > 0, what="the first streamed text")
@@ -213,6 +214,31 @@ async def test_too_long_message_is_refused_and_given_back():
         assert app.transcript.exchanges == [] and app.input.text == "x" * 200
 
 
+async def test_a_model_failure_mid_reply_gives_the_message_back_and_keeps_the_chat():
+    # A real-sized random model decodes slowly enough on a CPU that the failure lands mid-reply.
+    app = make_app("--model", "random:smollm2-135m", "--context", "512", "--temperature", "1",
+                   "--max-new-tokens", "4")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await submit(pilot, "first", timeout=120)
+        before = replies(app)
+        await submit(pilot, "/set max_new_tokens=100000")  # the next reply runs until it fails
+        endless(app)
+        app.post_message(events.Paste("second"))
+        await until(pilot, lambda: app.input.text == "second")
+        done, streamed = app.inputs_done, app.batches
+        await pilot.press("enter")
+        await until(pilot, lambda: app.batches > streamed, timeout=120, what="the reply to stream")
+        norm = app.session.lm.model.get_parameter("model.norm.weight")
+        with torch.no_grad():
+            norm.fill_(float("nan"))  # as corrupt weights would: the next sample meets NaN
+        await until(pilot, lambda: app.inputs_done > done and not app.busy, timeout=120, what="the turn to fail")
+        await pilot.pause()
+        assert notices(app, "error")[-1].startswith("the model failed during this turn")
+        assert [w.text for w in app.transcript.query(UserMessage)] == ["first"] and replies(app) == before
+        assert app.input.text == "second" and app.session.turns == 1
+
+
 async def test_transcript_follows_the_reply_until_the_user_scrolls_up():
     app = make_app("--max-new-tokens", "80", "--temperature", "1")
     async with app.run_test(size=(100, 20)) as pilot:
@@ -228,11 +254,12 @@ async def test_transcript_follows_the_reply_until_the_user_scrolls_up():
 
 
 async def test_panel_updates_while_the_model_writes():
-    # greedy: never stops by itself; the SmolLM2 shape (random weights) writes slowly enough on a
-    # CPU to watch, where random:tiny can fill its whole context before the panel's first refresh
+    # The SmolLM2 shape (random weights) writes slowly enough on a CPU to watch, where
+    # random:tiny can fill its whole context before the panel's first refresh.
     app = make_app("--model", "random:smollm2-135m", "--max-new-tokens", "100000", "--temperature", "0")
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
+        endless(app)
         await pilot.press(*"go", "enter")
         await until(pilot, lambda: app.batches > 0)
         seen = set()

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from textual import events
-from tui_pilot import make_app, notices, ready, replies, row, submit, until
+from tui_pilot import endless, make_app, notices, ready, replies, row, submit, until
 
 from chatapp.cli import chat_parser
 from chatapp.events import ToolCall
@@ -64,6 +64,7 @@ async def test_keystrokes_echo_quickly_while_a_real_sized_model_decodes():
     app = make_app("--model", "random:smollm2-135m", "--context", "512", "--max-new-tokens", "100000")
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
+        endless(app)
         await pilot.press(*"go", "enter")
         await until(pilot, lambda: app.batches > 0, timeout=120, what="decoding to start")
         latencies = []

@@ -32,6 +32,13 @@ async def ready(pilot: Pilot) -> ChatApp:
     return app
 
 
+def endless(app: ChatApp) -> None:
+    """Random weights often pick a stop token within tens of tokens (the tied embedding favours
+    tokens already in the prompt, <|im_end|> among them); tests that act while the model writes
+    need a reply that only the user or the context ends."""
+    app.session.template.stop_ids.clear()
+
+
 async def submit(pilot: Pilot, text: str, timeout: float = 60.0) -> None:
     """Type `text` into the input, press Enter, and wait until the session is done with it."""
     app = pilot.app

@@ -62,6 +62,7 @@ class ChatApp(App[None]):
         self.quitting = False
         self.busy = False
         self.turn_kind = ""
+        self.sent = ""  # the last message sent: handed back if the model fails on it
         self.batches = 0  # TextBatch messages received, for tests and docs
         self.inputs_done = 0  # messages and commands the session has finished with
 
@@ -166,6 +167,7 @@ class ChatApp(App[None]):
         if kind == "command":
             return await self.command(text)
         await self.transcript.add_user(text)
+        self.sent = text
         self.start_turn(partial(self.keeper.send, text), "send")
         return True
 
@@ -257,6 +259,10 @@ class ChatApp(App[None]):
         elif ev.event == "undo":
             await t.remove_last_exchange()
             self.panel.undo_turns(self.session.turns)
+        elif ev.event == "undone":  # the model failed mid-turn: the session is as before it
+            await self.show_history()
+            if self.turn_kind == "send" and not self.input.text:
+                self.input.load_text(self.sent)  # the message is not lost: edit or send it again
         else:  # the conversation was replaced (a stored chat opened): show it as the session has it
             await self.show_history()
             self.panel.clear_turns()
