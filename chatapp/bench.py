@@ -17,6 +17,8 @@ import torch
 from chatapp.bench_decode import decode_at, peak_bandwidth, weight_bytes_per_token, with_mbu
 from chatapp.bench_report import print_model, summary_line
 from chatapp.bench_turns import multiturn, script_tokens
+from chatapp.cli import check_device
+from model.errors import UserError
 from model.generate import Generator
 from model.loading.base import LoadOptions
 
@@ -42,35 +44,58 @@ class BenchArgs:
     resume: bool
 
 
+def positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return n
+
+
+def positives(text: str) -> list[int]:
+    return [positive(t) for t in text.split(",")]
+
+
+def specs(text: str) -> list[str]:
+    out = [t.strip() for t in text.split(",")]
+    if not all(out):
+        raise argparse.ArgumentTypeError(f"an empty model spec in {text!r}")
+    return out
+
+
 def parse(argv: list[str]) -> BenchArgs:
     p = argparse.ArgumentParser(prog="nanochat-tui bench", description=__doc__.splitlines()[0])
-    p.add_argument("--models", help=f"comma-separated specs (GPU default: {GPU_MODELS}; "
+    p.add_argument("--models", type=specs, help=f"comma-separated specs (GPU default: {GPU_MODELS}; "
                    "CPU default: random:smollm2-135m). 'default' is SmolLM2 from --gguf or the pulled copy")
     p.add_argument("--gguf", help="the SmolLM2 .gguf to convert and use for 'default'")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--attn", default="auto", choices=["auto", "fa3", "fa2", "sdpa"])
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke run in seconds")
-    p.add_argument("--turns", type=int, default=20)
-    p.add_argument("--ttft-reps", type=int, help="replays of each turn's prefill, median TTFT (GPU 3, CPU 1)")
-    p.add_argument("--reply-tokens", type=int, help="tokens per scripted reply (GPU 256, CPU 8)")
-    p.add_argument("--contexts", help="decode contexts, comma-separated (GPU 512,2048,8192; CPU 128,512)")
-    p.add_argument("--decode-tokens", type=int, help="timed decode steps per context (GPU 256, CPU 16)")
+    p.add_argument("--turns", type=positive, default=20)
+    p.add_argument("--ttft-reps", type=positive, help="replays of each turn's prefill, median TTFT (GPU 3, CPU 1)")
+    p.add_argument("--reply-tokens", type=positive, help="tokens per scripted reply (GPU 256, CPU 8)")
+    p.add_argument("--contexts", type=positives,
+                   help="decode contexts, comma-separated (GPU 512,2048,8192; CPU 128,512)")
+    p.add_argument("--decode-tokens", type=positive, help="timed decode steps per context (GPU 256, CPU 16)")
     p.add_argument("--no-peer", action="store_true", help="skip transformers' static-cache generate")
     p.add_argument("--no-variants", action="store_true", help="skip eager / plain-graph / FA3 comparisons")
     p.add_argument("--no-profile", action="store_true", help="skip the per-kernel profile of a decode step")
     p.add_argument("--resume", action="store_true", help="also time resuming a stored chat (chatapp.bench_resume)")
     a = p.parse_args(argv)
     device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    check_device(device, a.attn)
     gpu = device.startswith("cuda")
     dtype = a.dtype if a.dtype != "auto" else ("bfloat16" if gpu else "float32")
     quick = a.quick
-    models = a.models or (GPU_MODELS if gpu else "random:smollm2-135m")
-    contexts = a.contexts or ("64,256" if quick else "512,2048,8192" if gpu else "128,512")
+    models = a.models or (GPU_MODELS if gpu else "random:smollm2-135m").split(",")
+    contexts = a.contexts or ([64, 256] if quick else [512, 2048, 8192] if gpu else [128, 512])
     return BenchArgs(
-        models=models.split(","), device=device, dtype=getattr(torch, dtype), attn=a.attn, gguf=a.gguf,
+        models=models, device=device, dtype=getattr(torch, dtype), attn=a.attn, gguf=a.gguf,
         turns=a.turns, reply_tokens=a.reply_tokens or (4 if quick else 256 if gpu else 8),
-        contexts=[int(c) for c in contexts.split(",")],
+        contexts=contexts,
         decode_tokens=a.decode_tokens or (8 if quick else 256 if gpu else 16),
         eager_tokens=8 if quick or not gpu else 32, peer=not a.no_peer, variants=gpu and not a.no_variants,
         profile=gpu and not a.no_profile, ttft_reps=a.ttft_reps or (3 if gpu else 1),
@@ -140,6 +165,9 @@ def bench_model(spec: str, args: BenchArgs, peak: float) -> dict:
 
     opts = LoadOptions(device=args.device, dtype=args.dtype, attn=args.attn)
     lm, note = resolve(spec, opts, args.gguf)
+    if (need := script_tokens(lm, args.turns, args.reply_tokens) + 8) > lm.context_length:
+        raise UserError(f"{args.turns} turns of {args.reply_tokens}-token replies need {need} tokens; "
+                        f"{lm.name} holds {lm.context_length} (lower --turns or --reply-tokens)")
     cache = lm.model.new_cache(capacity_for(lm, args))
     gen = Generator(lm.model, cache, lm.tokenizer.vocab_size)
     res = {"model": lm.name, "spec": spec, "note": note, "device": str(cache.device),
@@ -185,4 +213,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from chatapp.cli import main as cli_main  # its one-line errors, not tracebacks
+
+    sys.exit(cli_main(["bench", *sys.argv[1:]]))

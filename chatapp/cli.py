@@ -28,7 +28,8 @@ def chat_parser() -> argparse.ArgumentParser:
                                 f"Subcommands: {', '.join(SUBCOMMANDS)} (nanochat-tui SUBCOMMAND -h).")
     add_model_options(p)
     p.add_argument("--headless", action="store_true", help="read stdin, write JSON lines")
-    p.add_argument("--jsonl", action="store_true", help='headless input as {"user": ...} / {"command": ...}')
+    p.add_argument("--jsonl", action="store_true",
+                   help='headless, with input as {"user": ...} / {"command": ...} lines')
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.2)
     p.add_argument("--top-k", type=int, default=0)
@@ -49,12 +50,35 @@ def load_options(args: argparse.Namespace):
     from model.loading.base import LoadOptions
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    check_device(device, args.attn)
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     return LoadOptions(device=device, dtype=getattr(torch, dtype), attn=args.attn, step=args.step,
                        tokenizer=args.tokenizer, model_tag=args.model_tag)
 
 
+def check_device(device: str, attn: str) -> None:
+    """UserError for a device or attention backend this machine cannot run, before any loading."""
+    import torch
+
+    from kvcache.attention import available_backends
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UserError(f"--device {device!r} is not a device (try cpu, cuda or cuda:1)") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {device}: only cpu and cuda devices are supported")
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        have = f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available() else "no CUDA"
+        raise UserError(f"--device {device}: this machine has {have}")
+    if attn in ("fa3", "fa2") and (dev.type != "cuda" or attn not in available_backends()):
+        raise UserError(f"--attn {attn} is not available here (available: {', '.join(available_backends())}; "
+                        f"flash attention needs --device cuda)")
+
+
 def resolve_model_spec(spec: str | None, progress=None) -> str:
+    if spec is not None and not spec.strip():
+        raise UserError("--model is empty; leave it out for the default model")
     if spec:
         return spec
     from chatapp.pull import ensure_default_model
@@ -63,13 +87,15 @@ def resolve_model_spec(spec: str | None, progress=None) -> str:
 
 
 def settings_from(args: argparse.Namespace):
-    from chatapp.commands import parse_settings
+    from chatapp.commands import is_text, parse_settings
     from chatapp.session import Settings
 
     values = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
               "max_new_tokens": args.max_new_tokens}
     if args.seed is not None:
         values["seed"] = args.seed
+    if args.system is not None and not is_text(args.system):  # argv bytes that are not UTF-8
+        raise UserError("--system is not valid UTF-8 text")
     # One validator for flags and /set, so both reject the same values the same way.
     parse_settings(" ".join(f"{k}={v}" for k, v in values.items()))
     return Settings(**values, system=args.system)
@@ -88,12 +114,15 @@ def open_session(args: argparse.Namespace, progress=None):
 
 def run_chat(argv: list[str]) -> int:
     args = chat_parser().parse_args(argv)
-    if args.headless:
+    if args.headless or args.jsonl:
         from chatapp.headless import run_headless
         from chatapp.resume import open_keeper
 
         session = open_session(args, progress=lambda msg: print(msg, file=sys.stderr))
         return run_headless(session, sys.stdin.buffer, jsonl=args.jsonl, keeper=open_keeper(session, args))
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):  # Textual would draw into a pipe and wait forever
+        raise UserError("the chat screen needs a terminal on stdin and stdout; to script a chat, "
+                        "use --headless (or --jsonl)")
     from chatapp.tui.app import ChatApp
     from chatapp.tui.terminal import lenient_terminal_input
 

@@ -23,7 +23,7 @@ def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[tuple[str, str] | Err
     """Yield ("user", text) / ("command", text) pairs, or an Error for a bad line."""
     for n, raw in enumerate(stream, 1):
         try:
-            line = raw.decode("utf-8").rstrip("\r\n")
+            line = raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")  # -sig: a BOM is not text
         except UnicodeDecodeError as e:
             yield Error(f"line {n}: not valid UTF-8 ({e.reason} at byte {e.start}); line skipped")
             continue
@@ -36,6 +36,9 @@ def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[tuple[str, str] | Err
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             yield Error(f"line {n}: not valid JSON ({e.msg})")
+            continue
+        except (RecursionError, ValueError):  # nested past Python's limit; an integer of 4,300+ digits
+            yield Error(f"line {n}: JSON too deeply nested or with too large a number; line skipped")
             continue
         kind = next((k for k in ("user", "command") if isinstance(obj, dict) and isinstance(obj.get(k), str)), None)
         if kind is None:

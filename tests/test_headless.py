@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 BASE = [sys.executable, "-m", "chatapp.cli", "--headless", "--model", "random:tiny", "--temperature", "0",
         "--max-new-tokens", "8"]
 
@@ -77,6 +79,37 @@ def test_unusable_home_is_one_line_error(tmp_path):
     p = subprocess.run([sys.executable, "-m", "chatapp.cli", "pull"], capture_output=True, timeout=60, env=env)
     err = p.stderr.decode().strip()
     assert p.returncode == 1 and err == f"nanochat-tui: error: Not a directory: {tmp_path / 'file' / 'home'}"
+
+
+@pytest.mark.parametrize("args, error", [
+    ([b"--headless", b"--system", b"ab\xffcd"], "--system is not valid UTF-8 text"),
+    (["--headless", "--device", "foo"], "--device 'foo' is not a device (try cpu, cuda or cuda:1)"),
+    (["--headless", "--device", "meta"], "--device meta: only cpu and cuda devices are supported"),
+    (["--headless", "--device", "cpu", "--attn", "fa3"], "--attn fa3 is not available here"),
+    (["--headless", "--model", ""], "--model is empty; leave it out for the default model"),
+    (["tokenize", "--device", "foo"], "--device 'foo' is not a device"),
+    (["--model", "random:tiny"], "the chat screen needs a terminal on stdin and stdout"),  # stdin is a pipe
+], ids=["system-bytes", "device", "meta", "attn", "empty-model", "tokenize", "no-terminal"])
+def test_bad_flags_are_one_line_errors(args, error):
+    model = [] if "--model" in args else ["--model", "random:tiny"]
+    p = subprocess.run([sys.executable, "-m", "chatapp.cli", *args, *model], input=b"hi\n", capture_output=True,
+                       timeout=60)
+    err = p.stderr.decode().strip()
+    assert p.returncode == 1 and p.stdout == b"" and "\n" not in err, err
+    assert err.startswith(f"nanochat-tui: error: {error}"), err
+
+
+def test_jsonl_alone_means_headless():
+    p = subprocess.run([*BASE[:3], *BASE[4:], "--jsonl"], input=b'{"user": "hi"}\n', capture_output=True,
+                       timeout=60)
+    assert [json.loads(line)["event"] for line in p.stdout.decode().splitlines()] == ["ready", "turn"]
+
+
+def test_awkward_json_lines_are_skipped_and_the_chat_goes_on():
+    stdin = b"\xef\xbb\xbf" + b"[" * 100_000 + b'\n{"user": "hi", "n": ' + b"9" * 5000 + b'}\n{"user": "hi"}\n'
+    p, events = headless(stdin, "--jsonl")
+    assert [e["event"] for e in events] == ["ready", "error", "error", "turn"], events
+    assert "too deeply nested or with too large a number" in events[1]["message"]
 
 
 def test_hostile_input_gets_one_line_errors_and_the_chat_goes_on(tmp_path):
