@@ -114,6 +114,8 @@ def open_session(args: argparse.Namespace, progress=None):
 
 def run_chat(argv: list[str]) -> int:
     args = chat_parser().parse_args(argv)
+    if sys.stdin is None or sys.stdout is None:  # started with <&- or >&-
+        raise UserError("stdin or stdout is closed; a chat reads one and writes the other")
     if args.headless or args.jsonl:
         from chatapp.headless import run_headless
         from chatapp.resume import open_keeper

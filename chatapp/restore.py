@@ -122,7 +122,7 @@ def restore(session: Session, chat: ChatData, identity: ModelIdentity, folder: P
     # next turn trims).
     if target > session.cache.capacity:
         raise StoreError(f"chat {chat.id} holds {target} tokens, more than this cache's {session.cache.capacity} "
-                         "(raise --context)")
+                         f"({session.room_hint()})")
     apply_settings(session, chat)
     session.adopt(tokens, exchanges, archived(chat))
     n, why = 0, note

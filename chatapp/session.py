@@ -84,7 +84,13 @@ class Session:
         need = len(self.template.start(system)) + len(self.template.user_turn("hi", system)) + 1
         if need > self.cache.capacity:
             raise UserError(f"the system prompt leaves no room: it needs {need} tokens with a message, "
-                            f"the context holds {self.cache.capacity} (shorten it, or raise --context)")
+                            f"the context holds {self.cache.capacity} (shorten it, or {self.room_hint()})")
+
+    def room_hint(self) -> str:
+        """What the user can do about a full context: --context helps only below the model's own."""
+        if self.cache.capacity < self.lm.context_length:
+            return f"raise --context, up to the model's {self.lm.context_length}"
+        return f"{self.cache.capacity} tokens is all this model takes"
 
     def reset(self) -> None:
         self.cache.reset()
@@ -129,7 +135,7 @@ class Session:
         room = self.cache.capacity - self.prefix_len - 1
         if len(new) > room:
             yield Error(f"message too long: {len(new)} tokens, the context holds {room} after the "
-                        f"system prompt (use --context to raise it)")
+                        f"system prompt ({self.room_hint()})")
             return
         self.cancel_flag.clear()  # before the trim's re-fill, so a stop pressed during it counts
         with self._undone_on_failure() as failed:

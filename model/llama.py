@@ -6,6 +6,7 @@ and rotary positions start at the cache position, so a new turn can begin anywhe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -30,8 +31,23 @@ class LlamaConfig:
     tie_word_embeddings: bool = True
 
     def __post_init__(self):
+        """ValueError naming the field for a config no model can be built from: a hand-edited
+        config.json or GGUF metadata must fail here, not as a ZeroDivisionError or NaN later."""
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "max_position_embeddings") + (("head_dim",) if self.head_dim else ()):
+            if type(v := getattr(self, name)) is not int or v < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, not {v!r}")
+        for name in ("rms_norm_eps", "rope_theta"):
+            if type(v := getattr(self, name)) not in (int, float) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{name} must be a positive number, not {v!r}")
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_attention_heads % self.num_key_value_heads or self.head_dim % 2:
+            raise ValueError(f"num_attention_heads {self.num_attention_heads}, num_key_value_heads "
+                             f"{self.num_key_value_heads}, head_dim {self.head_dim}: heads must group evenly "
+                             "and the head size must be even")
+        if type(self.tie_word_embeddings) is not bool:
+            raise ValueError(f"tie_word_embeddings must be true or false, not {self.tie_word_embeddings!r}")
 
     @classmethod
     def from_dict(cls, d: dict) -> LlamaConfig:

@@ -8,6 +8,7 @@ that trained it. docs/nanochat.md lists the commits each generation is taken fro
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 # Named by the date of the nanochat commit that introduced them.
@@ -98,8 +99,11 @@ class NanochatConfig:
             raise ValueError(f"short_window must be half, third128 or quarter128, not {self.short_window!r}")
         if not self.window_pattern or any(c not in "SLsl" for c in self.window_pattern):
             raise ValueError(f"window_pattern must use only S and L, not {self.window_pattern!r}")
-        if min(self.n_layer, self.n_head, self.n_kv_head, self.n_embd, self.vocab_size) <= 0:
-            raise ValueError("n_layer, n_head, n_kv_head, n_embd and vocab_size must be positive")
+        if min(self.n_layer, self.n_head, self.n_kv_head, self.n_embd, self.vocab_size, self.sequence_len) <= 0:
+            raise ValueError("n_layer, n_head, n_kv_head, n_embd, vocab_size and sequence_len must be positive")
+        for name in ("rope_base", "qk_scale", "softcap", "ve_gate_scale"):
+            if not math.isfinite(v := getattr(self, name)) or v <= 0:  # NaN here turns every logit into NaN
+                raise ValueError(f"{name} must be a positive number, not {v!r}")
         if self.n_embd % self.n_head or self.n_head % self.n_kv_head or self.head_dim % 2:
             raise ValueError(f"n_embd {self.n_embd}, n_head {self.n_head}, n_kv_head {self.n_kv_head}: "
                              "heads must divide evenly into an even head size")

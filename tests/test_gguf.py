@@ -74,21 +74,21 @@ def trained_vocab() -> Tokenizer:
     return tok
 
 
-def write_gguf(path: Path, types: dict, tied: bool, arch: str = "llama", seed: int = 0) -> dict:
-    """A tiny Llama GGUF; returns the HF state dict it encodes (dequantized, un-permuted)."""
+def write_gguf(path: Path, types: dict, tied: bool, arch: str = "llama", seed: int = 0,
+               meta: dict | None = None) -> dict:
+    """A tiny Llama GGUF; returns the HF state dict it encodes (dequantized, un-permuted).
+    `meta` replaces metadata values (keys without the `llama.` prefix), with their Python type."""
     rng = np.random.default_rng(seed)
     model = json.loads(trained_vocab().to_str())["model"]
     tokens = sorted(model["vocab"], key=model["vocab"].get)
     vocab = len(tokens)
     w = GGUFWriter(str(path), arch)
-    w.add_block_count(LAYERS)
-    w.add_context_length(128)
-    w.add_embedding_length(HIDDEN)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
+    hparams = {"block_count": LAYERS, "context_length": 128, "embedding_length": HIDDEN, "feed_forward_length": FFN,
+               "attention.head_count": HEADS, "attention.head_count_kv": KV_HEADS, "rope.freq_base": 10000.0,
+               "attention.layer_norm_rms_epsilon": 1e-5}
+    for key, value in {**hparams, **(meta or {})}.items():
+        put = {int: w.add_uint32, float: w.add_float32, str: w.add_string}[type(value)]
+        put(f"{arch}.{key}", value)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
@@ -216,6 +216,22 @@ def test_unsupported_quant_type(tmp_path, home):
     with pytest.raises(ModelLoadError, match=r"type Q5_0; supported types: F32, F16, BF16, Q8_0") as e:
         load_model(str(path))
     assert "\n" not in str(e.value) and leftovers(home) == []
+
+
+@pytest.mark.parametrize("meta, error", [
+    ({"attention.head_count": 0}, "llama.embedding_length 256 and llama.attention.head_count 0 do not make a model"),
+    ({"embedding_length": "wide"}, "llama.embedding_length 'wide' and llama.attention.head_count"),
+    ({"attention.layer_norm_rms_epsilon": "x"}, "llama.attention.layer_norm_rms_epsilon should be a number"),
+    ({"rope.freq_base": 0.0}, "rope_theta must be a positive number, not 0.0"),
+    ({"block_count": 0}, "num_hidden_layers must be a whole number >= 1, not 0"),
+], ids=["no-heads", "text-width", "text-eps", "zero-rope", "no-layers"])
+def test_malformed_metadata_names_the_gguf(tmp_path, home, meta, error):
+    path = tmp_path / "bad.gguf"
+    write_gguf(path, {}, tied=True, meta=meta)
+    with pytest.raises(ModelLoadError) as e:
+        load_model(str(path))
+    assert str(e.value).startswith(f"{path}: ") and error in str(e.value) and "\n" not in str(e.value)
+    assert leftovers(home) == []
 
 
 def test_cli_reports_a_bad_gguf_in_one_line(tmp_path):

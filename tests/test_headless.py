@@ -89,7 +89,8 @@ def test_unusable_home_is_one_line_error(tmp_path):
     (["--headless", "--model", ""], "--model is empty; leave it out for the default model"),
     (["tokenize", "--device", "foo"], "--device 'foo' is not a device"),
     (["--model", "random:tiny"], "the chat screen needs a terminal on stdin and stdout"),  # stdin is a pipe
-], ids=["system-bytes", "device", "meta", "attn", "empty-model", "tokenize", "no-terminal"])
+    (["--headless", "--step", "5"], "--step: only for nanochat checkpoints, and random:tiny is not one"),
+], ids=["system-bytes", "device", "meta", "attn", "empty-model", "tokenize", "no-terminal", "step"])
 def test_bad_flags_are_one_line_errors(args, error):
     model = [] if "--model" in args else ["--model", "random:tiny"]
     p = subprocess.run([sys.executable, "-m", "chatapp.cli", *args, *model], input=b"hi\n", capture_output=True,
@@ -97,6 +98,14 @@ def test_bad_flags_are_one_line_errors(args, error):
     err = p.stderr.decode().strip()
     assert p.returncode == 1 and p.stdout == b"" and "\n" not in err, err
     assert err.startswith(f"nanochat-tui: error: {error}"), err
+
+
+@pytest.mark.parametrize("redirect", ["<&-", ">&-"])
+def test_closed_stdin_or_stdout_is_one_line_error(redirect):
+    cmd = f"{sys.executable} -m chatapp.cli --headless --model random:tiny {redirect}"
+    p = subprocess.run(["bash", "-c", cmd], capture_output=True, timeout=60)
+    assert p.returncode == 1 and p.stderr.decode() == (
+        "nanochat-tui: error: stdin or stdout is closed; a chat reads one and writes the other\n")
 
 
 def test_jsonl_alone_means_headless():

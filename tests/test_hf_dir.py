@@ -73,3 +73,36 @@ def test_unsupported_configs_are_one_line_errors(hf_dir, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match="unreadable safetensors"):
         load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("file, edit, error", [
+    ("config.json", lambda c: [1], "config.json: expected a JSON object, found list"),
+    ("config.json", lambda c: {**c, "hidden_size": "64"}, "config.json: hidden_size must be a whole number >= 1"),
+    ("config.json", lambda c: {**c, "num_hidden_layers": 2.0}, "num_hidden_layers must be a whole number >= 1"),
+    ("config.json", lambda c: {**c, "max_position_embeddings": -5}, "max_position_embeddings must be a whole"),
+    ("config.json", lambda c: {**c, "rms_norm_eps": "x"}, "rms_norm_eps must be a positive number, not 'x'"),
+    ("config.json", lambda c: {**c, "rope_theta": 0}, "rope_theta must be a positive number, not 0"),
+    ("config.json", lambda c: {**c, "num_attention_heads": 3}, "heads must group evenly"),
+    ("config.json", lambda c: {**c, "num_hidden_layers": 1}, "weights the config does not use, e.g. model.layers.1"),
+    ("tokenizer.json", lambda c: [], "malformed tokenizer.json or tokenizer_config.json"),
+    ("tokenizer_config.json", lambda c: [1], "tokenizer_config.json: expected a JSON object, found list"),
+    ("tokenizer_config.json", lambda c: {**c, "chat_template": 5}, "chat_template and nanochat_tui_default_system"),
+], ids=["not-object", "text-width", "float-layers", "negative-context", "text-eps", "zero-rope", "odd-heads",
+        "too-few-layers", "tokenizer-list", "tokenizer-config-list", "template-number"])
+def test_malformed_files_are_one_line_errors(hf_dir, tmp_path, file, edit, error):
+    d = hf_dir[0]
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes((d / name).read_bytes())
+    (tmp_path / file).write_text(json.dumps(edit(json.loads((d / file).read_text()))))
+    with pytest.raises(ModelLoadError) as e:
+        load_model(str(tmp_path))
+    assert error in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_architectures_as_one_string_loads(hf_dir, tmp_path):
+    d = hf_dir[0]
+    for name in ("tokenizer.json", "tokenizer_config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes((d / name).read_bytes())
+    cfg = json.loads((d / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "architectures": "LlamaForCausalLM"}))
+    assert load_model(str(tmp_path)).model.config.num_hidden_layers == 2

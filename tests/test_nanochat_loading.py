@@ -152,6 +152,11 @@ def test_override_file_selects_what_detection_cannot(tmp_path):
     assert "qk_scale should be float" in error_of(str(ckpt))
     (ckpt / "nanochat_config.json").write_text(json.dumps({"window_pattern": "SXL"}))
     assert "window_pattern" in error_of(str(ckpt))
+    (ckpt / "nanochat_config.json").write_text('{"softcap": NaN}')  # Python's json takes NaN
+    assert "softcap must be a positive number, not nan" in error_of(str(ckpt))
+    (ckpt / "nanochat_config.json").unlink()
+    edit_meta(ckpt, 650, sequence_len=-100)
+    assert "sequence_len must be positive" in error_of(str(ckpt))
 
 
 def test_bf16_stored_weights_load(tmp_path):

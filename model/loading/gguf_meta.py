@@ -10,6 +10,7 @@ import numpy as np
 
 from model.bpe import make_tokenizer, tokenizer_json, vocab_from_gguf
 from model.errors import ModelLoadError
+from model.llama import LlamaConfig
 
 
 @dataclass
@@ -44,7 +45,10 @@ def open_gguf(path: Path) -> GGUFFile:
     return GGUFFile(path, reader, meta)
 
 
-def _f32(x) -> float:
+def _f32(g: GGUFFile, key: str, default: float | None = None) -> float:
+    x = g.need(key) if default is None else g.get(key, default)
+    if type(x) not in (int, float):
+        raise ModelLoadError(f"{g.path}: {key} should be a number, not {x!r}")
     # GGUF stores floats as float32; its shortest repr (1e-05, not 9.99999974e-06) is the intended value.
     return float(str(np.float32(x)))
 
@@ -56,21 +60,29 @@ def hf_config(g: GGUFFile, name: str) -> dict:
     if not isinstance(heads, int) or not isinstance(kv, int):
         raise ModelLoadError(f"{g.path}: per-layer head counts are not supported")
     hidden = g.need("llama.embedding_length")
+    if type(hidden) is not int or heads < 1 or hidden < heads:
+        raise ModelLoadError(f"{g.path}: llama.embedding_length {hidden!r} and llama.attention.head_count "
+                             f"{heads} do not make a model")
     head_dim = g.get("llama.attention.key_length", hidden // heads)
     if g.get("llama.rope.dimension_count", head_dim) != head_dim:
         raise ModelLoadError(f"{g.path}: partial rotary (rope.dimension_count != head dim) is not supported")
     if g.get("llama.rope.scaling.type", "none") not in ("none", None):
         raise ModelLoadError(f"{g.path}: rope scaling {g.get('llama.rope.scaling.type')!r} is not supported")
-    return {
+    config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "hidden_size": hidden, "intermediate_size": g.need("llama.feed_forward_length"),
         "num_hidden_layers": g.need("llama.block_count"), "num_attention_heads": heads,
         "num_key_value_heads": kv, "head_dim": head_dim,
-        "rms_norm_eps": _f32(g.need("llama.attention.layer_norm_rms_epsilon")),
-        "rope_theta": _f32(g.get("llama.rope.freq_base", 10000.0)),
+        "rms_norm_eps": _f32(g, "llama.attention.layer_norm_rms_epsilon"),
+        "rope_theta": _f32(g, "llama.rope.freq_base", 10000.0),
         "max_position_embeddings": g.get("llama.context_length", 2048),
         "torch_dtype": "float32", "nanochat_tui_name": name,
     }
+    try:
+        LlamaConfig.from_dict(config)  # fail on the .gguf's name, not on the converted copy's
+    except ValueError as e:
+        raise ModelLoadError(f"{g.path}: {e}") from None
+    return config
 
 
 def default_system(chat_template: str) -> str:
@@ -99,6 +111,8 @@ def tokenizer_files(g: GGUFFile) -> tuple[dict, dict]:
     bos, eos = (t if t in vocab.special else None for t in (bos, eos))
     make_tokenizer(vocab, bos, eos)
     template = g.get("tokenizer.chat_template", "")
+    if not isinstance(template, str):
+        raise ModelLoadError(f"{g.path}: tokenizer.chat_template should be text, not {template!r}")
     config = {
         "bos_token": bos, "eos_token": eos, "unk_token": token("tokenizer.ggml.unknown_token_id"),
         "pad_token": token("tokenizer.ggml.padding_token_id"),

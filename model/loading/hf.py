@@ -23,11 +23,14 @@ LLAMA_ARCHS = {"LlamaForCausalLM", "MistralForCausalLM"}
 
 def read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        obj = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ModelLoadError(f"{path}: missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as e:
         raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object, found {type(obj).__name__}")
+    return obj
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -56,6 +59,12 @@ def build_llama(cfg: LlamaConfig, weights: dict[str, torch.Tensor], opts: LoadOp
     missing = sorted(set(expected) - set(weights))
     if missing:
         raise ModelLoadError(f"{where}: missing weights, e.g. {missing[0]} ({len(missing)} missing)")
+    # Weights the config has no place for mean the config is wrong (say, too few layers): refuse
+    # rather than chat with part of a model. Old checkpoints store rotary tables: those we rebuild.
+    unused = sorted(k for k in set(weights) - set(expected) if not k.endswith("rotary_emb.inv_freq"))
+    if unused:
+        raise ModelLoadError(f"{where}: weights the config does not use, e.g. {unused[0]} ({len(unused)} "
+                             f"unused; is config.json's num_hidden_layers right?)")
     for k, shape in expected.items():
         if tuple(weights[k].shape) != tuple(shape):
             raise ModelLoadError(f"{where}: {k} has shape {tuple(weights[k].shape)}, config says {tuple(shape)}")
@@ -70,19 +79,31 @@ def load_hf_dir(path: Path, opts: LoadOptions) -> LoadedModel:
     from model.bpe import tokenizer_from_json
 
     config = read_json(path / "config.json")
-    archs = set(config.get("architectures") or ["LlamaForCausalLM"])
+    archs = config.get("architectures") or ["LlamaForCausalLM"]
+    archs = {archs} if isinstance(archs, str) else set(map(str, archs)) if isinstance(archs, list) else {str(archs)}
     if not archs & LLAMA_ARCHS:
         raise ModelLoadError(f"{path}: unsupported architecture {sorted(archs)[0]} (Llama family only)")
     for key in ("rope_scaling", "attention_bias", "mlp_bias"):
         if config.get(key):
             raise ModelLoadError(f"{path / 'config.json'}: {key} is not supported yet")
-    cfg = LlamaConfig.from_dict(config)
+    try:
+        cfg = LlamaConfig.from_dict(config)
+    except ValueError as e:
+        raise ModelLoadError(f"{path / 'config.json'}: {e}") from None
     model = build_llama(cfg, read_safetensors(path), opts, str(path))
     tok_config = read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").exists() else {}
-    tok = tokenizer_from_json(path / "tokenizer.json", tok_config)
-    system = tok_config.get("nanochat_tui_default_system", "")
     try:
-        template = template_for(tok, tok_config.get("chat_template"), system)
+        tok = tokenizer_from_json(path / "tokenizer.json", tok_config)
+    except (TypeError, KeyError, ValueError, AttributeError, IndexError) as e:  # valid JSON, wrong shape
+        raise ModelLoadError(f"{path}: malformed tokenizer.json or tokenizer_config.json ({type(e).__name__}: "
+                             f"{e})") from None
+    system = tok_config.get("nanochat_tui_default_system", "")
+    template_src = tok_config.get("chat_template")
+    if not isinstance(system, str) or not isinstance(template_src, str | None):
+        raise ModelLoadError(f"{path / 'tokenizer_config.json'}: chat_template and nanochat_tui_default_system "
+                             "must be strings")
+    try:
+        template = template_for(tok, template_src, system)
     except (ValueError, KeyError) as e:
         raise ModelLoadError(f"{path}: {e.args[0]}") from None
     return LoadedModel(model, tok, template, config.get("nanochat_tui_name", path.name), cfg.max_position_embeddings)
