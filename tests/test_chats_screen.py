@@ -48,7 +48,7 @@ def test_lists_newest_first_and_opens_the_selected_chat(tmp_path):
     results, _ = run(store, keys=["down", "enter"])
     assert results == [ChatAction("open", b)]  # c is newest and first; down moves to b
     _, rows = run(store, current=c)
-    assert [r[0] for r in rows] == [str(c), str(b), str(a)] and rows[0][1] == "chat 2 (open)"
+    assert [r[0] for r in rows] == [str(c), str(b), str(a)] and str(rows[0][1]) == "chat 2 (open)"
     assert rows[0][3] == "2"  # two messages
 
 
@@ -64,7 +64,7 @@ def test_rename_saves_to_the_store_and_escape_cancels(tmp_path):
     (chat_id,) = fill(store, 1)
     keys = ["r", "ctrl+a", "ctrl+k", *"drafts and notes", "enter"]  # typed letters (n, r, d) stay in the box
     results, rows = run(store, keys=keys)
-    assert results == [] and store.get(chat_id).title == "drafts and notes" and rows[0][1] == "drafts and notes"
+    assert results == [] and store.get(chat_id).title == "drafts and notes" and str(rows[0][1]) == "drafts and notes"
     run(store, keys=["r", "x", "escape"])
     assert store.get(chat_id).title == "drafts and notes"
 
@@ -79,6 +79,15 @@ def test_delete_needs_two_presses_and_spares_the_open_chat(tmp_path):
     assert len(rows) == 2
     _, rows = run(store, current=b, keys=["down", "d", "d"])
     assert [r[0] for r in rows] == [str(b)] and store.get(a) is None and not store.snapshot_dir(a).exists()
+
+
+def test_titles_and_model_names_are_shown_as_typed_not_as_markup(tmp_path):
+    """A first message like "[INST] hi [/INST]" becomes the title; as markup it crashed the screen."""
+    store = ChatStore(tmp_path)
+    msgs = [Message("user", "q", [1]), Message("assistant", "a", [2])]
+    store.save(ChatData("[INST] hi [/INST] [bold]x[/]", "m[/b]odel", "fp", "tfp", {}, "sys", [], 0, msgs))
+    results, rows = run(store)
+    assert results == [] and str(rows[0][1]) == "[INST] hi [/INST] [bold]x[/]" and str(rows[0][2]) == "m[/b]odel"
 
 
 def test_empty_store_says_so(tmp_path):

@@ -157,3 +157,50 @@ async def test_a_chat_undone_to_nothing_leaves_the_chats_list_and_the_next_messa
         new = app.keeper.chat_id
         assert new not in (None, gone) and app.sub_title.endswith(f"chat #{new} meant this")
         assert [c.title for c in app.keeper.store.list()] == ["meant this"]
+
+
+async def test_the_header_drops_the_chat_name_after_reset_even_when_the_store_is_slow(monkeypatch):
+    """The keeper detaches from the stored chat after its last /reset event; on a busy machine
+    the app used to redraw the header before that and keep the old chat's name for good."""
+    import time
+
+    from chatapp.persist import ChatKeeper
+
+    detach = ChatKeeper.detach
+    monkeypatch.setattr(ChatKeeper, "detach", lambda self: (time.sleep(0.05), detach(self))[1])
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await submit(pilot, "hello there")
+        assert f"chat #{app.keeper.chat_id}" in app.sub_title
+        await submit(pilot, "/reset")
+        assert app.keeper.chat_id is None and app.sub_title == "random:tiny"
+
+
+async def test_a_chat_picked_while_a_turn_runs_behind_the_chats_screen_is_refused():
+    """The palette can start /retry with the chats screen open; opening a chat then used to run
+    /load in a second thread on the same session, mid-decode, and store a corrupt cache."""
+    from tui_pilot import endless
+
+    # The SmolLM2 shape decodes slowly enough on a CPU that the retry is still running.
+    app = make_app("--model", "random:smollm2-135m", "--context", "512", "--temperature", "1",
+                   "--max-new-tokens", "4")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await submit(pilot, "first chat", timeout=120)
+        first = app.keeper.chat_id
+        await submit(pilot, "/reset")
+        await submit(pilot, "second chat", timeout=120)
+        second, turns = app.keeper.chat_id, app.session.turns
+        await submit(pilot, "/set max_new_tokens=100000")
+        endless(app)
+        await pilot.press("ctrl+o")
+        await until(pilot, lambda: isinstance(app.screen, ChatsScreen), what="the chats screen")
+        app.start_turn(lambda: app.keeper.run_command("/retry"), "command")  # as the palette does
+        await until(pilot, lambda: app.busy and app.batches > 0, what="the retry to stream")
+        await pilot.press("down", "enter")  # the first chat
+        await pilot.pause(0.3)
+        assert app.keeper.chat_id == second and app.busy
+        await pilot.press("escape")
+        await until(pilot, lambda: not app.busy, what="the retry to stop")
+        assert app.keeper.chat_id == second != first and app.session.turns == turns

@@ -157,11 +157,7 @@ class ChatApp(App[None]):
 
     async def submit(self, text: str) -> bool:
         """Send a message or run a command; False if the app cannot take it now."""
-        if self.session is None:
-            self.notify("The model is still loading.", severity="warning")
-            return False
-        if self.busy:
-            self.notify("The model is still writing: press Esc to stop it first.", severity="warning")
+        if not self.can_start():
             return False
         kind, text = split_input(text)
         if kind == "command":
@@ -184,6 +180,16 @@ class ChatApp(App[None]):
             self.action_quit()
         else:
             self.start_turn(partial(self.keeper.run_command, line), "command")
+        return True
+
+    def can_start(self) -> bool:
+        """One turn at a time on the one session: say why not, and refuse."""
+        if self.session is None:
+            self.notify("The model is still loading.", severity="warning")
+            return False
+        if self.busy:
+            self.notify("The model is still writing: press Esc to stop it first.", severity="warning")
+            return False
         return True
 
     def start_turn(self, events: Callable[[], Iterator[Event]], kind: str) -> None:
@@ -289,6 +295,8 @@ class ChatApp(App[None]):
         self.inputs_done += 1
         self.panel_timer.pause()
         self.refresh_panel()
+        if self.session is not None:
+            self.show_chat()  # the keeper may detach (/reset) after its last event: name the chat as it ended
 
     def refresh_panel(self) -> None:
         if self.session is not None:
@@ -302,7 +310,7 @@ class ChatApp(App[None]):
 
     def action_chats(self) -> None:
         """The stored chats: open one (its cache comes back from its snapshot), or start a new one."""
-        if self.keeper is None or self.busy or isinstance(self.screen, ChatsScreen):
+        if isinstance(self.screen, ChatsScreen) or not self.can_start():
             return
         if self.keeper.store is None:
             self.notify(f"Chats are not kept in this session ({self.keeper.why_no_store}).", severity="warning")
@@ -310,7 +318,7 @@ class ChatApp(App[None]):
         self.push_screen(ChatsScreen(self.keeper.store, self.keeper.chat_id), self.on_chats_closed)
 
     async def on_chats_closed(self, action: ChatAction | None) -> None:
-        if action is None:
+        if action is None or not self.can_start():  # a turn started behind the screen (the palette)
             return
         if action.kind == "open" and action.chat_id != self.keeper.chat_id:
             self.start_turn(partial(self.keeper.run_command, f"/load {action.chat_id}"), "command")

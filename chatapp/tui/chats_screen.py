@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -83,7 +84,9 @@ class ChatsScreen(Screen[ChatAction | None]):
         self.table.clear()
         for c in chats:
             mark = " (open)" if c.id == self.current else ""
-            self.table.add_row(str(c.id), c.title + mark, c.model, str(c.messages), when(c.updated), key=str(c.id))
+            # Text, not str: a DataTable parses str cells as markup, and a title like "[/INST]" would crash it.
+            self.table.add_row(str(c.id), Text(c.title + mark), Text(c.model), str(c.messages), when(c.updated),
+                               key=str(c.id))
         if select is not None and str(select) in {str(c.id) for c in chats}:
             self.table.move_cursor(row=self.table.get_row_index(str(select)))
         self.query_one("#chats-hint", Label).update(
