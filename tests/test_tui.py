@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from textual import events
-from textual.widgets import Sparkline
+from textual.widgets import Markdown, Sparkline
 from tui_pilot import endless, make_app, notices, ready, replies, row, submit, until
 
 from chatapp.tui.screens import ErrorScreen, HelpScreen
@@ -237,6 +237,28 @@ async def test_a_model_failure_mid_reply_gives_the_message_back_and_keeps_the_ch
         assert notices(app, "error")[-1].startswith("the model failed during this turn")
         assert [w.text for w in app.transcript.query(UserMessage)] == ["first"] and replies(app) == before
         assert app.input.text == "second" and app.session.turns == 1
+
+
+async def test_control_characters_are_drawn_as_pictures_not_sent_to_the_terminal():
+    """ESC ] 2 ; ... BEL retitles the terminal window, ESC [ 41 m paints cells: text from a user,
+    a model or the store must reach the screen as visible characters."""
+    hostile = "hi \x1b]2;PWNED\x07 \x1b[41mRED\x1b[0m \x9b2J \x08back"
+    app = make_app("--max-new-tokens", "40", "--temperature", "1")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        app.post_message(events.Paste(hostile))
+        await until(pilot, lambda: app.input.text == hostile)
+        await submit(pilot, "")
+        s = app.session
+        assert s.exchanges[0].user == hostile  # the chat keeps the text as typed
+        (user,) = app.transcript.query(UserMessage)
+        shown = str(user.render())
+        assert shown == "hi ␛]2;PWNED␇ ␛[41mRED␛[0m \ufffd2J ␈back"
+        replies_source = "".join(m.source for m in app.transcript.query(Markdown))
+        on_screen = shown + replies_source + app.sub_title + "".join(notices(app))
+        assert not any(ord(c) < 32 and c not in "\n\t" or 0x7F <= ord(c) < 0xA0 for c in on_screen)
+        raw = s.exchanges[0].reply
+        assert len(replies_source) >= len(raw.strip()) > 0  # the reply is all there, one picture per control
 
 
 async def test_transcript_follows_the_reply_until_the_user_scrolls_up():

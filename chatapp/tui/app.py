@@ -27,6 +27,7 @@ from chatapp.tui.chats_screen import ChatAction, ChatsScreen
 from chatapp.tui.input import ChatInput
 from chatapp.tui.screens import ErrorScreen, HelpScreen
 from chatapp.tui.transcript import LoadStatus, Transcript
+from chatapp.tui.visible import visible
 from model.errors import UserError
 
 Opener = Callable[[argparse.Namespace, Callable[[object], None]], Any]
@@ -89,7 +90,7 @@ class ChatApp(App[None]):
 
     async def on_mount(self) -> None:
         spec = self.args.model or "the default model"
-        self.sub_title = f"loading {spec}"
+        self.sub_title = visible(f"loading {spec}")
         await self.transcript.mount(LoadStatus(f"Loading {spec}…"))
         self.panel_timer = self.set_interval(PANEL_REFRESH_S, self.refresh_panel, pause=True)
         self.input.cursor_blink = not self.stable  # a blinking cursor would make snapshots flaky
@@ -135,7 +136,7 @@ class ChatApp(App[None]):
         self.session = s
         tools = s.template.tool_tokens or {}
         self.transcript.markers = {name: s.tok.decode([i]) for name, i in tools.items()}
-        self.sub_title = s.lm.name
+        self.sub_title = visible(s.lm.name)
         await self.show_history()
         for warning in self.load_warnings:
             await self.transcript.notice(warning.removeprefix("nanochat-tui: "), "warning")
@@ -252,7 +253,7 @@ class ChatApp(App[None]):
         """The header names the model and, once it is stored, the chat."""
         k = self.keeper
         chat = f" — chat #{k.chat_id} {k.title or ''}".rstrip() if k is not None and k.chat_id is not None else ""
-        self.sub_title = self.session.lm.name + chat
+        self.sub_title = visible(self.session.lm.name + chat)
 
     async def on_cache_state(self, ev: CacheState) -> None:
         t = self.transcript

@@ -15,6 +15,7 @@ from textual.content import Content
 from textual.widgets import Label, ProgressBar, Sparkline, Static
 
 from chatapp.events import TurnStats
+from chatapp.tui.visible import visible
 
 LABEL_WIDTH = 14
 HIDDEN = "(hidden)"
@@ -64,7 +65,7 @@ class Row(Static):
         if value == self.value:
             return  # most rows never change: skip the relayout
         self.value = value
-        self.update(Content.assemble((f"{self.label:<{LABEL_WIDTH}}", "dim"), value), layout=False)
+        self.update(Content.assemble((f"{self.label:<{LABEL_WIDTH}}", "dim"), visible(value)), layout=False)
 
 
 class CachePanel(VerticalScroll):
@@ -128,7 +129,7 @@ class CachePanel(VerticalScroll):
     def show_restore(self, restore_line: str) -> None:
         """After opening a stored chat: how its cache came back (snapshot or re-prefill)."""
         restore = self.query_one("#restore", Static)
-        restore.update(restore_line)
+        restore.update(Content(visible(restore_line)))
         restore.display = bool(restore_line)
 
     def show_turn(self, st: TurnStats) -> None:

@@ -18,6 +18,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Label
 
 from chatapp.store import ChatStore, StoreError
+from chatapp.tui.visible import visible
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,8 @@ class ChatsScreen(Screen[ChatAction | None]):
         for c in chats:
             mark = " (open)" if c.id == self.current else ""
             # Text, not str: a DataTable parses str cells as markup, and a title like "[/INST]" would crash it.
-            self.table.add_row(str(c.id), Text(c.title + mark), Text(c.model), str(c.messages), when(c.updated),
-                               key=str(c.id))
+            self.table.add_row(str(c.id), Text(visible(c.title) + mark), Text(visible(c.model)), str(c.messages),
+                               when(c.updated), key=str(c.id))
         if select is not None and str(select) in {str(c.id) for c in chats}:
             self.table.move_cursor(row=self.table.get_row_index(str(select)))
         self.query_one("#chats-hint", Label).update(

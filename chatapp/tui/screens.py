@@ -10,6 +10,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Label, Static
 
 from chatapp.commands import COMMANDS
+from chatapp.tui.visible import visible
 
 KEYS = [
     ("Enter", "send the message (or run the /command)"),
@@ -58,6 +59,6 @@ class ErrorScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="error"):
             yield Label("The model could not be loaded", classes="title")
-            yield Static(Content(self.message), id="error-message")
+            yield Static(Content(visible(self.message)), id="error-message")
             yield Label("Press q, Esc or Enter to quit.", classes="hint")
         yield Footer()

@@ -13,6 +13,7 @@ from textual.widgets import Markdown, ProgressBar, Static
 from textual.widgets.markdown import MarkdownStream
 
 from chatapp.events import ToolCall
+from chatapp.tui.visible import visible
 
 STOP_NOTES = {"cancel": "stopped (Esc)", "length": "cut at max_new_tokens"}
 
@@ -54,7 +55,7 @@ class ToolMarkup:
 
 class UserMessage(Static):
     def __init__(self, text: str) -> None:
-        super().__init__(Content(text))  # plain text: what the user typed, not markup
+        super().__init__(Content(visible(text)))  # plain text: what the user typed, not markup
         self.text = text
         self.border_title = "you"
 
@@ -62,7 +63,8 @@ class UserMessage(Static):
 class ToolCallView(Static):
     def __init__(self, call: ToolCall) -> None:
         result = call.result if call.result is not None else "(invalid expression, no output)"
-        super().__init__(Content.assemble(("calculator  ", "bold"), call.expr, "  →  ", (result, "bold")))
+        super().__init__(Content.assemble(("calculator  ", "bold"), visible(call.expr), "  →  ",
+                                          (visible(result), "bold")))
         self.call = call
 
 
@@ -70,7 +72,7 @@ class Notice(Static):
     """A one-line info or error note in the transcript."""
 
     def __init__(self, text: str, kind: str = "info") -> None:
-        super().__init__(Content(text), classes=kind)
+        super().__init__(Content(visible(text)), classes=kind)
         self.text = text
 
 
@@ -88,7 +90,7 @@ class LoadStatus(Vertical):
         yield self.bar
 
     def show(self, text: str, fraction: float | None) -> None:
-        self.note.update(Content(text))
+        self.note.update(Content(visible(text)))
         if fraction is not None:
             self.bar.display = True
             self.bar.update(progress=fraction)
@@ -131,7 +133,7 @@ class Reply(Vertical):
             elif piece and (self.open or piece.strip()):
                 seg = await self._open_segment()
                 seg.parts.append(piece)
-                await seg.stream.write(piece)
+                await seg.stream.write(visible(piece))
 
     async def add_tool_call(self, call: ToolCall) -> None:
         await self._close_open()
@@ -141,7 +143,7 @@ class Reply(Vertical):
         """The final full update: each block re-rendered once from its whole text."""
         await self._close_open()
         for seg in self.segments:
-            await seg.widget.update("".join(seg.parts))
+            await seg.widget.update(visible("".join(seg.parts)))
         if not self.segments and not tool_calls:
             await self.mount(Notice("(empty reply)", "dim"))
         if note := STOP_NOTES.get(stop):
