@@ -9,6 +9,10 @@ from pathlib import Path
 from chatapp.events import ToolCall
 from chatapp.store import StoreError
 
+# The last line of every export (invisible in rendered Markdown): a file that ends with it may be
+# overwritten by a later /export; any other existing file is left alone.
+MARK = "<!-- exported by nanochat-tui -->"
+
 
 @dataclass
 class Transcript:
@@ -33,7 +37,7 @@ def to_markdown(t: Transcript) -> str:
                      else f"- calculator: `{call.expr}` (not a valid expression)"]
         if tools:
             body.append("")
-    return "\n".join(head + body).rstrip() + "\n"
+    return "\n".join(head + body).rstrip() + "\n\n" + MARK + "\n"
 
 
 def quote(text: str) -> list[str]:
@@ -51,9 +55,21 @@ def export(t: Transcript, dest: str = "") -> Path:
         path = Path(dest).expanduser() if dest else Path.cwd()
         if path.is_dir():
             path = path / default_name(t)
+        if path.exists() and not is_export(path):
+            raise StoreError(f"/export: {path} exists and is not an earlier export; nothing was written "
+                             "(give another name)")
         path.write_text(to_markdown(t), encoding="utf-8")
     except OSError as e:
         raise StoreError(f"/export: cannot write {dest or 'here'}: {e.strerror or e}") from None
     except (ValueError, RuntimeError) as e:  # a NUL byte in the path; ~user with no such user
         raise StoreError(f"/export: not a usable path {dest!r}: {e}") from None
     return path
+
+
+def is_export(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(path.stat().st_size - 200, 0))
+            return f.read().decode("utf-8", "replace").rstrip().endswith(MARK)
+    except OSError:
+        return False

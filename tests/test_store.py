@@ -176,6 +176,14 @@ def test_save_title_export_and_no_store(keeper, tiny, tmp_path):
     text = Path(info.data["path"]).read_text()
     assert text.startswith("# My chat\n") and "## User\n\nhello\n" in text
     assert f"## Assistant\n\n{keeper.session.exchanges[0].reply.rstrip()}" in text
+    list(keeper.send("more"))
+    (info,) = list(keeper.run_command(f"/export {info.data['path']}"))  # an earlier export is updated
+    assert "## User\n\nmore\n" in Path(info.data["path"]).read_text()
+    notes = tmp_path / "notes.md"
+    notes.write_text("my own notes\n")
+    (err,) = list(keeper.run_command(f"/export {notes}"))  # anything else is left alone
+    assert isinstance(err, Error) and "exists and is not an earlier export" in err.message
+    assert notes.read_text() == "my own notes\n"
     bare = ChatKeeper(Session(tiny, Settings(max_new_tokens=2)), None)
     for cmd in ("/save", "/load 1"):
         (err,) = list(bare.run_command(cmd))

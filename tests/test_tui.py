@@ -212,6 +212,8 @@ async def test_too_long_message_is_refused_and_given_back():
         (error,) = notices(app, "error")
         assert error.startswith("message too long")
         assert app.transcript.exchanges == [] and app.input.text == "x" * 200
+        await pilot.press(*"yz")  # given back to edit: typing goes on at its end
+        assert app.input.text == "x" * 200 + "yz"
 
 
 async def test_a_model_failure_mid_reply_gives_the_message_back_and_keeps_the_chat():

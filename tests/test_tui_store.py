@@ -204,3 +204,20 @@ async def test_a_chat_picked_while_a_turn_runs_behind_the_chats_screen_is_refuse
         await pilot.press("escape")
         await until(pilot, lambda: not app.busy, what="the retry to stop")
         assert app.keeper.chat_id == second != first and app.session.turns == turns
+
+
+async def test_renaming_the_open_chat_sticks():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await submit(pilot, "alpha")
+        chat_id = app.keeper.chat_id
+        await pilot.press("ctrl+o")
+        await until(pilot, lambda: isinstance(app.screen, ChatsScreen), what="the chats screen")
+        await pilot.press("r", "ctrl+a", "ctrl+k", *"Project notes", "enter")
+        await pilot.pause()
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, ChatsScreen), what="the chat")
+        assert app.sub_title.endswith(f"chat #{chat_id} Project notes")
+        await submit(pilot, "beta")  # the autosave keeps the new name
+        assert app.keeper.store.get(chat_id).title == "Project notes"

@@ -269,7 +269,7 @@ class ChatApp(App[None]):
         elif ev.event == "undone":  # the model failed mid-turn: the session is as before it
             await self.show_history()
             if self.turn_kind == "send" and not self.input.text:
-                self.input.load_text(self.sent)  # the message is not lost: edit or send it again
+                self.input.give_back(self.sent)  # the message is not lost: edit or send it again
         else:  # the conversation was replaced (a stored chat opened): show it as the session has it
             await self.show_history()
             self.panel.clear_turns()
@@ -286,7 +286,7 @@ class ChatApp(App[None]):
     async def on_error(self, ev: Error) -> None:
         if self.turn_kind == "send" and (text := await self.transcript.drop_unanswered()) is not None:
             if not self.input.text:
-                self.input.load_text(text)  # refused: give the message back to edit
+                self.input.give_back(text)  # refused: give the message back to edit
         await self.transcript.notice(ev.message, "error")
 
     def on_turn_finished(self, msg: TurnFinished) -> None:
@@ -319,6 +319,8 @@ class ChatApp(App[None]):
         self.push_screen(ChatsScreen(self.keeper.store, self.keeper.chat_id), self.on_chats_closed)
 
     async def on_chats_closed(self, action: ChatAction | None) -> None:
+        self.keeper.follow_rename()
+        self.show_chat()
         if action is None or not self.can_start():  # a turn started behind the screen (the palette)
             return
         if action.kind == "open" and action.chat_id != self.keeper.chat_id:
@@ -347,8 +349,6 @@ class ChatApp(App[None]):
 
     async def palette_command(self, name: str) -> None:
         if name in NEEDS_ARGUMENT:
-            self.input.load_text(name + " ")
-            self.input.move_cursor(self.input.document.end)
-            self.input.focus()
+            self.input.give_back(name + " ")
         else:
             await self.submit(name)

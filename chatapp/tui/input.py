@@ -77,5 +77,11 @@ class ChatInput(TextArea):
         self.recalled = None
         self.load_text("")
 
+    def give_back(self, text: str) -> None:
+        """A message the app could not take: back in the box, the cursor at its end to go on typing."""
+        self.load_text(text)
+        self.move_cursor(self.document.end)
+        self.focus()
+
     def action_newline(self) -> None:
         self.insert("\n")
