@@ -114,10 +114,13 @@ async def test_undo_takes_the_undone_turn_off_the_panel():
 
 
 async def test_escape_cancels_and_the_next_turn_continues_from_the_partial_reply():
-    app = make_app("--max-new-tokens", "100000", "--temperature", "0")
+    # The SmolLM2 shape writes ~100 tokens/s on a CPU, so Esc lands long before the context is
+    # full (random:tiny could fill 2,000 tokens before a loaded machine delivered the key).
+    app = make_app("--model", "random:smollm2-135m", "--context", "1024", "--max-new-tokens", "100000",
+                   "--temperature", "0")
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        endless(app)  # only Esc (or the full context, seconds later) can end this reply
+        endless(app)  # only Esc (or the full context) can end this reply
         s = app.session
         await pilot.press(*"write a lot", "enter")
         await until(pilot, lambda: app.batches > 0, what="the first streamed text")
@@ -131,7 +134,7 @@ async def test_escape_cancels_and_the_next_turn_continues_from_the_partial_reply
         await submit(pilot, "/set max_new_tokens=8")
         await submit(pilot, "go on")  # still usable, and the partial reply stayed in the cache
         assert s.history[-1].cached_before == st.cache_seqlens
-        assert row(app, "cache_seqlens") == f"{s.cache.pos} / 2048"
+        assert row(app, "cache_seqlens") == f"{s.cache.pos} / 1024"
 
 
 async def test_unknown_command_and_bad_setting_show_one_line_errors():
