@@ -101,7 +101,7 @@ def settings_from(args: argparse.Namespace):
     return Settings(**values, system=args.system)
 
 
-def open_session(args: argparse.Namespace, progress=None):
+def open_session(args: argparse.Namespace, progress=None, warn=None):
     from chatapp.session import Session
     from model.loading import load_model
 
@@ -109,6 +109,9 @@ def open_session(args: argparse.Namespace, progress=None):
         raise UserError("--context must be at least 16 tokens")
     settings = settings_from(args)
     lm = load_model(resolve_model_spec(args.model, progress), load_options(args))
+    if args.context is not None and args.context > lm.context_length:
+        (warn or (lambda msg: print(msg, file=sys.stderr)))(
+            f"nanochat-tui: --context {args.context} is more than {lm.name} takes; using its {lm.context_length}")
     return Session(lm, settings, context=args.context)
 
 

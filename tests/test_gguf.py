@@ -224,7 +224,8 @@ def test_unsupported_quant_type(tmp_path, home):
     ({"attention.layer_norm_rms_epsilon": "x"}, "llama.attention.layer_norm_rms_epsilon should be a number"),
     ({"rope.freq_base": 0.0}, "rope_theta must be a positive number, not 0.0"),
     ({"block_count": 0}, "num_hidden_layers must be a whole number >= 1, not 0"),
-], ids=["no-heads", "text-width", "text-eps", "zero-rope", "no-layers"])
+    ({"block_count": LAYERS + 1}, f"missing weights, e.g. model.layers.{LAYERS}."),
+], ids=["no-heads", "text-width", "text-eps", "zero-rope", "no-layers", "missing-layer"])
 def test_malformed_metadata_names_the_gguf(tmp_path, home, meta, error):
     path = tmp_path / "bad.gguf"
     write_gguf(path, {}, tied=True, meta=meta)

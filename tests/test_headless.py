@@ -108,6 +108,13 @@ def test_closed_stdin_or_stdout_is_one_line_error(redirect):
         "nanochat-tui: error: stdin or stdout is closed; a chat reads one and writes the other\n")
 
 
+def test_a_context_above_the_models_says_what_it_uses():
+    p, events = headless(b"", "--context", "99999")
+    assert p.stderr.decode().strip().splitlines()[-1] == (
+        "nanochat-tui: --context 99999 is more than random:tiny takes; using its 2048")
+    assert events[0]["capacity"] == 2048
+
+
 def test_jsonl_alone_means_headless():
     p = subprocess.run([*BASE[:3], *BASE[4:], "--jsonl"], input=b'{"user": "hi"}\n', capture_output=True,
                        timeout=60)

@@ -137,6 +137,15 @@ async def test_escape_cancels_and_the_next_turn_continues_from_the_partial_reply
         assert row(app, "cache_seqlens") == f"{s.cache.pos} / 1024"
 
 
+async def test_a_context_above_the_models_is_a_warning_in_the_transcript():
+    app = make_app("--context", "99999")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.pause()
+        assert "--context 99999 is more than random:tiny takes; using its 2048" in notices(app, "warning")
+        assert app.session.cache.capacity == 2048
+
+
 async def test_unknown_command_and_bad_setting_show_one_line_errors():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:

@@ -114,7 +114,8 @@ class ChatApp(App[None]):
         from chatapp.cli import open_session  # imports torch: not on the first frame
         from chatapp.resume import open_keeper
 
-        return open_keeper(open_session(args, progress), args, warn=self.load_warnings.append)
+        warn = self.load_warnings.append
+        return open_keeper(open_session(args, progress, warn), args, warn=warn)
 
     def on_load_progress(self, msg: LoadProgress) -> None:
         for status in self.transcript.query(LoadStatus):

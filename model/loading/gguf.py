@@ -202,6 +202,14 @@ def load_gguf(path: Path, opts: LoadOptions) -> LoadedModel:
 
     path = Path(path)
     target = converted_dir(path)
+    created = missing_dirs(target.parent)
     if not (target / "config.json").exists():
         convert_atomically(path, target)
-    return load_hf_dir(target, opts)
+    try:
+        return load_hf_dir(target, opts)
+    except ModelLoadError as e:
+        # A converted copy of a model that cannot load is not worth keeping; and the error names
+        # the file the user gave, not our copy of it.
+        shutil.rmtree(target, ignore_errors=True)
+        remove_empty(created)
+        raise ModelLoadError(str(e).replace(str(target), str(path))) from None
