@@ -101,6 +101,10 @@ def settings_from(args: argparse.Namespace):
     return Settings(**values, system=args.system)
 
 
+def to_stderr(msg: object) -> None:
+    print(msg, file=sys.stderr)
+
+
 def open_session(args: argparse.Namespace, progress=None, warn=None):
     from chatapp.session import Session
     from model.loading import load_model
@@ -110,8 +114,8 @@ def open_session(args: argparse.Namespace, progress=None, warn=None):
     settings = settings_from(args)
     lm = load_model(resolve_model_spec(args.model, progress), load_options(args))
     if args.context is not None and args.context > lm.context_length:
-        (warn or (lambda msg: print(msg, file=sys.stderr)))(
-            f"nanochat-tui: --context {args.context} is more than {lm.name} takes; using its {lm.context_length}")
+        (warn or to_stderr)(f"nanochat-tui: --context {args.context} is more than {lm.name} takes; "
+                            f"using its {lm.context_length}")
     return Session(lm, settings, context=args.context)
 
 
@@ -123,7 +127,7 @@ def run_chat(argv: list[str]) -> int:
         from chatapp.headless import run_headless
         from chatapp.resume import open_keeper
 
-        session = open_session(args, progress=lambda msg: print(msg, file=sys.stderr))
+        session = open_session(args, progress=to_stderr)
         return run_headless(session, sys.stdin.buffer, jsonl=args.jsonl, keeper=open_keeper(session, args))
     if not (sys.stdin.isatty() and sys.stdout.isatty()):  # Textual would draw into a pipe and wait forever
         raise UserError("the chat screen needs a terminal on stdin and stdout; to script a chat, "

@@ -8,9 +8,9 @@ wins, since the chat's tokens were made with it.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 
+from chatapp.cli import to_stderr
 from chatapp.persist import ChatKeeper
 from chatapp.session import Session
 from chatapp.store import ChatStore, StoreError
@@ -30,7 +30,7 @@ def explicit_settings(args: argparse.Namespace) -> dict:
 def open_keeper(session: Session, args: argparse.Namespace, warn: Callable[[str], object] | None = None) -> ChatKeeper:
     """The keeper for this run, with the stored chat already restored when asked for.
     UserError for flags that cannot work together or a chat that does not exist."""
-    warn = warn or (lambda msg: print(msg, file=sys.stderr))
+    warn = warn or to_stderr
     chat, resume = getattr(args, "chat", None), getattr(args, "resume", False)
     no_store = getattr(args, "no_store", False)
     if no_store and (chat is not None or resume):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from chatapp.commands import STORE_COMMANDS, is_text, parse_command, parse_settings
@@ -138,26 +137,23 @@ class Session:
                         f"system prompt ({self.room_hint()})")
             return
         self.cancel_flag.clear()  # before the trim's re-fill, so a stop pressed during it counts
-        with self._undone_on_failure() as failed:
+
+        def turn() -> Iterator[Event]:
             yield from self._make_room(len(new))
             self.exchanges.append(Exchange(text, len(self.tokens), len(self.tokens) + len(new)))
             self.tokens.extend(new)
             yield from self._reply()
-        if failed:
-            yield self.state("undone")
-            yield Error(failed[0])
+        yield from self._undoable(turn())
 
-    @contextmanager
-    def _undone_on_failure(self) -> Iterator[list[str]]:
-        """If the model fails mid-turn (NaN logits from bad weights, out of memory), put the
-        chat back as it was before the turn and report one line: the user's message and the
+    def _undoable(self, turn: Iterator[Event]) -> Iterator[Event]:
+        """Run a turn; if the model fails mid-turn (NaN logits from bad weights, out of memory),
+        put the chat back as it was before it and report one line: the user's message and the
         conversation stay intact. The cache keeps only the K/V still valid for the restored
         tokens, so the invariant holds."""
         saved = (list(self.tokens), [replace(ex, tool_calls=list(ex.tool_calls)) for ex in self.exchanges],
                  list(self.archive), len(self.history))
-        failed: list[str] = []
         try:
-            yield failed
+            yield from turn
         except Exception as e:  # a model failure must not lose the chat
             held = self.tokens[:self.cache.pos]  # what the cache holds K/V for, at the failure
             self.tokens, self.exchanges, self.archive = saved[0], saved[1], saved[2]
@@ -168,8 +164,9 @@ class Session:
                 self.cache.rewind(valid)
             self.gen.forget()
             reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-            failed.append(f"the model failed during this turn ({type(e).__name__}: {reason}); "
-                          f"the chat is as it was before it")
+            yield self.state("undone")
+            yield Error(f"the model failed during this turn ({type(e).__name__}: {reason}); "
+                        f"the chat is as it was before it")
 
     def _reply(self) -> Iterator[Event]:
         ex = self.exchanges[-1]
@@ -288,13 +285,12 @@ class Session:
                 yield Error("/retry: nothing to retry yet")
                 return
             self.cancel_flag.clear()
-            with self._undone_on_failure() as failed:
+
+            def retry() -> Iterator[Event]:
                 self.truncate(self.exchanges[-1].reply_start)
                 yield self.state("retry")
                 yield from self._reply()
-            if failed:
-                yield self.state("undone")
-                yield Error(failed[0])
+            yield from self._undoable(retry())
         elif cmd.name == "/undo":
             if not self.exchanges:
                 yield Error("/undo: nothing to undo")
