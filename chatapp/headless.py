@@ -9,14 +9,11 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, BinaryIO, TextIO
+from typing import BinaryIO, TextIO
 
-from chatapp.commands import is_text, split_input
-from chatapp.events import Error, Event, Quit, TextDelta, to_json
-from chatapp.session import Session
-
-if TYPE_CHECKING:
-    from chatapp.persist import ChatKeeper
+from chatapp.chat.commands import is_text, split_input
+from chatapp.chat.events import Error, Event, Quit, TextDelta, to_json
+from chatapp.store.keeper import ChatKeeper
 
 
 def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[tuple[str, str] | Error]:
@@ -55,26 +52,26 @@ def emit(ev: Event, out: TextIO) -> None:
     out.flush()
 
 
-def run_headless(session: Session, stream: BinaryIO, jsonl: bool = False, out: TextIO = sys.stdout,
-                 keeper: ChatKeeper | None = None) -> int:
-    """`keeper` (chatapp/persist.py) stores the chat as it goes and serves /save, /load, /export."""
-    face = keeper or session
-    emit_ready(session, out, keeper.ready_fields() if keeper else {})
+def run_headless(chat: ChatKeeper, stream: BinaryIO, jsonl: bool = False, out: TextIO = sys.stdout) -> int:
+    """Feed each input line to the chat (which stores it as it goes, if it has a store)."""
+    emit_ready(chat, out)
     for item in read_inputs(stream, jsonl):
         if isinstance(item, Error):
             emit(item, out)
             continue
         kind, text = item
-        events = face.run_command(text) if kind == "command" else face.send(text)
+        events = chat.run_command(text) if kind == "command" else chat.send(text)
         for ev in events:
-            if isinstance(ev, TextDelta):
-                continue  # the turn event carries the whole reply
-            if isinstance(ev, Quit):
-                return 0
-            emit(ev, out)
+            match ev:
+                case TextDelta():
+                    continue  # the turn event carries the whole reply
+                case Quit():
+                    return 0
+                case _:
+                    emit(ev, out)
     return 0
 
 
-def emit_ready(session: Session, out: TextIO, extra: dict | None = None) -> None:
-    out.write(json.dumps({"event": "ready", **session.stats(), **(extra or {})}) + "\n")
+def emit_ready(chat: ChatKeeper, out: TextIO) -> None:
+    out.write(json.dumps({"event": "ready", **chat.session.stats(), **chat.ready_fields()}) + "\n")
     out.flush()

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from chatapp.bench import main
-from chatapp.bench_peer import hf_static_decode
+from chatapp.bench.main import main
+from chatapp.bench.peer import hf_static_decode
 from model.generate import Generator, SamplingConfig
 
 

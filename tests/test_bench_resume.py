@@ -1,6 +1,6 @@
 """The resume benchmark runs end to end on a tiny model and checks its own claims."""
 
-from chatapp.bench_resume import bench_resume
+from chatapp.bench.resume import bench_resume
 
 
 def test_bench_resume_on_a_tiny_chat(tiny):

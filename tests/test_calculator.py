@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chatapp.calculator import MATH_CHARS, STRING_CHARS, evaluate
+from chatapp.chat.calculator import MATH_CHARS, STRING_CHARS, evaluate
 
 
 def oracle(expr: str) -> str | None:

@@ -4,7 +4,7 @@ import asyncio
 
 from textual.app import App
 
-from chatapp.store import ChatData, ChatStore, Message
+from chatapp.store.database import ChatData, ChatStore, StoredMessage
 from chatapp.tui.chats_screen import ChatAction, ChatsScreen
 
 
@@ -23,7 +23,7 @@ class Host(App[None]):
 def fill(store: ChatStore, n: int) -> list[int]:
     ids = []
     for i in range(n):
-        msgs = [Message("user", f"question {i}", [1]), Message("assistant", "answer", [2])]
+        msgs = [StoredMessage("user", f"question {i}", [1]), StoredMessage("assistant", "answer", [2])]
         ids.append(store.save(ChatData(f"chat {i}", "random:tiny", "fp", "tfp", {}, "sys", [], 0, msgs)))
     return ids
 
@@ -84,7 +84,7 @@ def test_delete_needs_two_presses_and_spares_the_open_chat(tmp_path):
 def test_titles_and_model_names_are_shown_as_typed_not_as_markup(tmp_path):
     """A first message like "[INST] hi [/INST]" becomes the title; as markup it crashed the screen."""
     store = ChatStore(tmp_path)
-    msgs = [Message("user", "q", [1]), Message("assistant", "a", [2])]
+    msgs = [StoredMessage("user", "q", [1]), StoredMessage("assistant", "a", [2])]
     store.save(ChatData("[INST] hi [/INST] [bold]x[/]", "m[/b]odel", "fp", "tfp", {}, "sys", [], 0, msgs))
     results, rows = run(store)
     assert results == [] and str(rows[0][1]) == "[INST] hi [/INST] [bold]x[/]" and str(rows[0][2]) == "m[/b]odel"

@@ -12,9 +12,10 @@ import subprocess
 import sys
 import time
 
-from chatapp.restore import pairs
-from chatapp.session import Session, Settings
-from chatapp.store import ChatStore
+from chatapp.chat.session import Session
+from chatapp.chat.settings import Settings
+from chatapp.store.database import ChatStore
+from chatapp.store.reopen import pairs
 from tests.test_session import assert_invariant
 
 ROUNDS = int(os.environ.get("CRASH_ROUNDS", "8"))
@@ -83,7 +84,7 @@ def test_kill_9_mid_reply_never_loses_a_reported_turn(tmp_path, tiny):
         assert len(now) - len(before) - len(seen) <= 1
         before, prev_id = now, chat_id
     # whatever the kills left on disk opens into a correct cache
-    from chatapp.persist import ChatKeeper
+    from chatapp.store.keeper import ChatKeeper
 
     last, chat_id = stored_turns(tmp_path)
     if chat_id:

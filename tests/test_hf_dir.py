@@ -9,8 +9,9 @@ import pytest
 import torch
 from test_bpe import corpus, train
 
-from chatapp.events import TurnStats
-from chatapp.session import Session, Settings
+from chatapp.chat.events import TurnStats
+from chatapp.chat.session import Session
+from chatapp.chat.settings import Settings
 from model.errors import ModelLoadError
 from model.loading import load_model
 

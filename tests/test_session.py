@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from chatapp.events import CacheState, Error, TextDelta, Trimmed, TurnStats
-from chatapp.session import Session, Settings
+from chatapp.chat.events import CacheState, Error, TextDelta, Trimmed, TurnStats
+from chatapp.chat.session import Session
+from chatapp.chat.settings import Settings
 
 
 def run(events):

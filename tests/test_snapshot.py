@@ -10,10 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from chatapp.persist import ChatKeeper
-from chatapp.session import Session, Settings
-from chatapp.snapshot import MAX_SEGMENTS
-from chatapp.store import ChatStore
+from chatapp.chat.session import Session
+from chatapp.chat.settings import Settings
+from chatapp.store.database import ChatStore
+from chatapp.store.keeper import ChatKeeper
+from chatapp.store.snapshots import MAX_SEGMENTS
 from model.llama import LlamaConfig
 from model.loading import load_model
 from model.loading.base import LoadedModel, LoadOptions
@@ -59,9 +60,10 @@ def store(tmp_path):
 RESTORE_SCRIPT = """
 import json, sys
 from safetensors.torch import save_file
-from chatapp.persist import ChatKeeper
-from chatapp.session import Session, Settings
-from chatapp.store import ChatStore
+from chatapp.store.keeper import ChatKeeper
+from chatapp.chat.session import Session
+from chatapp.chat.settings import Settings
+from chatapp.store.database import ChatStore
 from model.loading import load_model
 root, chat_id, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 k = ChatKeeper(Session(load_model("random:tiny"), Settings(), context=1024), ChatStore(root))

@@ -6,17 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from chatapp.events import Error, Info, TurnStats
-from chatapp.persist import ChatKeeper, Saved
-from chatapp.restore import Restored
-from chatapp.session import Session, Settings
-from chatapp.store import ChatData, ChatStore, Message, StoreError, chats_dir, data_home
+from chatapp.chat.events import Error, Info, TurnStats
+from chatapp.chat.session import Session
+from chatapp.chat.settings import Settings
+from chatapp.store.database import ChatData, ChatStore, StoredMessage, StoreError, chats_dir, data_home
+from chatapp.store.keeper import ChatKeeper, Saved
+from chatapp.store.reopen import Restored
 
 
 def chat(title="t", n=2) -> ChatData:
     msgs = []
     for i in range(n):
-        msgs += [Message("user", f"q{i}", [1, 2, i]), Message("assistant", f"a{i}", [3, i], [{"expr": "1+1",
+        msgs += [StoredMessage("user", f"q{i}", [1, 2, i]), StoredMessage("assistant", f"a{i}", [3, i], [{"expr": "1+1",
                                                                                             "result": "2"}])]
     return ChatData(title, "random:tiny", "fp", "tfp", {"temperature": 0.0}, "sys", [9, 9], 17, msgs)
 

@@ -15,10 +15,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from chatapp.persist import ChatKeeper
-from chatapp.restore import archived, stored_conversation
-from chatapp.session import Session, Settings
-from chatapp.store import ChatStore
+from chatapp.chat.session import Session
+from chatapp.chat.settings import Settings
+from chatapp.store.database import ChatStore
+from chatapp.store.keeper import ChatKeeper
+from chatapp.store.reopen import archived, stored_conversation
 from model.loading import load_model
 from tests.test_session import assert_invariant, assert_transcript
 

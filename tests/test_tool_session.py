@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from chatapp.events import ToolCall, TurnStats, to_json
-from chatapp.session import Session, Settings
+from chatapp.chat.events import ToolCall, TurnStats, to_json
+from chatapp.chat.session import Session
+from chatapp.chat.settings import Settings
 from kvcache import Attention
 from model.loading.base import LoadedModel
 from model.nanochat import Nanochat

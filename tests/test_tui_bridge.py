@@ -3,7 +3,7 @@ Also the tool-span splitter the transcript uses."""
 
 from __future__ import annotations
 
-from chatapp.events import Error, TextDelta, ToolCall, TurnStats
+from chatapp.chat.events import Error, TextDelta, ToolCall, TurnStats
 from chatapp.tui.bridge import Gate, SessionEvent, TextBatch, TurnFinished, pump
 from chatapp.tui.transcript import ToolMarkup
 

@@ -12,8 +12,8 @@ import pytest
 from textual import events
 from tui_pilot import endless, make_app, notices, ready, replies, row, submit, until
 
-from chatapp.cli import chat_parser
-from chatapp.events import ToolCall
+from chatapp.chat.events import ToolCall
+from chatapp.options import chat_parser
 from chatapp.tui.app import ChatApp
 from chatapp.tui.transcript import ToolCallView, UserMessage
 
@@ -23,10 +23,13 @@ pytestmark = pytest.mark.anyio
 
 async def test_tool_calls_are_shown_apart_from_the_reply():
     scripted = pytest.importorskip("test_tool_session", reason="needs the scripted nanochat model").scripted
-    from chatapp.session import Session, Settings
+    from chatapp.chat.session import Session
+    from chatapp.chat.settings import Settings
+    from chatapp.store.keeper import ChatKeeper
 
     lm = scripted("12*7", " ok")
-    app = make_app(opener=lambda args, progress: Session(lm, Settings(temperature=0.0, max_new_tokens=40)))
+    settings = Settings(temperature=0.0, max_new_tokens=40)
+    app = make_app(opener=lambda args, progress: ChatKeeper(Session(lm, settings), None))
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await submit(pilot, "What is 12*7?")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from textual.pilot import Pilot
 
-from chatapp.cli import chat_parser
+from chatapp.options import chat_parser
 from chatapp.tui.app import ChatApp
 
 TINY = ["--model", "random:tiny", "--seed", "1", "--max-new-tokens", "24"]

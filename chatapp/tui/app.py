@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
 
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
@@ -19,8 +19,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from chatapp.commands import COMMANDS, parse_command, split_input
-from chatapp.events import CacheState, Error, Event, Info, Quit, ToolCall, Trimmed, TurnStats
+from chatapp.chat.commands import TABLE, CommandSpec, parse_command, split_input
+from chatapp.chat.events import CacheState, Error, Event, Info, Quit, Restored, Saved, ToolCall, Trimmed, TurnStats
 from chatapp.tui.bridge import Gate, Loaded, LoadFailed, LoadProgress, SessionEvent, TextBatch, TurnFinished, pump
 from chatapp.tui.cache_panel import CachePanel, read_memory
 from chatapp.tui.chats_screen import ChatAction, ChatsScreen
@@ -30,10 +30,12 @@ from chatapp.tui.transcript import LoadStatus, Transcript
 from chatapp.tui.visible import visible
 from model.errors import UserError
 
-Opener = Callable[[argparse.Namespace, Callable[[object], None]], Any]
+if TYPE_CHECKING:  # the keeper imports torch, which must not delay the first frame
+    from chatapp.store.keeper import ChatKeeper
+
+Opener = Callable[[argparse.Namespace, Callable[[object], None]], "ChatKeeper"]
 
 PANEL_REFRESH_S = 0.25  # the panel updates at least 4 times a second while the model writes
-NEEDS_ARGUMENT = ("/system", "/set")
 
 
 class ChatApp(App[None]):
@@ -51,14 +53,14 @@ class ChatApp(App[None]):
 
     def __init__(self, args: argparse.Namespace, stable: bool = False, opener: Opener | None = None) -> None:
         """`stable=True` hides figures that differ between runs (memory, timings): snapshots.
-        `opener(args, progress)` makes the chat keeper (default: `open_chat`: a session, with the
-        stored chat restored for --chat/--resume); an opener may also return a bare Session."""
+        `opener(args, progress)` makes the chat keeper (default: `chatapp.launch.open_chat`: a
+        session, with the stored chat restored for --chat/--resume)."""
         super().__init__()
         self.args = args
         self.stable = stable
         self.opener = opener
         self.session = None
-        self.keeper = None  # chatapp.persist.ChatKeeper: the session, kept in the store as it goes
+        self.keeper: ChatKeeper | None = None  # the one chat object: the session, stored as it goes
         self.load_warnings: list[str] = []
         self.quitting = False
         self.busy = False
@@ -102,20 +104,18 @@ class ChatApp(App[None]):
         """In a thread: importing torch, a first-run pull and loading weights take seconds."""
         try:
             opener = self.opener or self.open_chat
-            session = opener(self.args, lambda p: self.post_message(LoadProgress(p)))
+            chat = opener(self.args, lambda p: self.post_message(LoadProgress(p)))
         except UserError as e:
             self.post_message(LoadFailed(str(e)))
         except Exception as e:  # a failed load is shown as one line, never a traceback
             self.post_message(LoadFailed(f"{type(e).__name__}: {e}"))
         else:
-            self.post_message(Loaded(session))
+            self.post_message(Loaded(chat))
 
-    def open_chat(self, args: argparse.Namespace, progress: Callable[[object], None]) -> Any:
-        from chatapp.cli import open_session  # imports torch: not on the first frame
-        from chatapp.resume import open_keeper
+    def open_chat(self, args: argparse.Namespace, progress: Callable[[object], None]) -> ChatKeeper:
+        from chatapp.launch import open_chat  # lazy: imports torch, which must not delay the first frame
 
-        warn = self.load_warnings.append
-        return open_keeper(open_session(args, progress, warn), args, warn=warn)
+        return open_chat(args, progress, self.load_warnings.append)
 
     def on_load_progress(self, msg: LoadProgress) -> None:
         for status in self.transcript.query(LoadStatus):
@@ -128,11 +128,7 @@ class ChatApp(App[None]):
         self.push_screen(ErrorScreen(msg.text))
 
     async def on_loaded(self, msg: Loaded) -> None:
-        keeper = msg.session
-        if not hasattr(keeper, "session"):  # a bare Session: chats are not kept
-            from chatapp.persist import ChatKeeper
-
-            keeper = ChatKeeper(keeper, None)
+        keeper = msg.chat
         self.keeper, s = keeper, keeper.session
         self.session = s
         tools = s.template.tool_tokens or {}
@@ -170,16 +166,14 @@ class ChatApp(App[None]):
         return True
 
     async def command(self, line: str) -> bool:
+        """A command the screen serves itself (its table entry names the action) runs here; the
+        rest go to the keeper, which reports malformed ones in the same words as headless mode."""
         try:
-            name = parse_command(line).name
+            cmd = parse_command(line)
         except UserError:
-            name = ""  # the session reports it, in the same words as headless mode
-        if name == "/help":
-            self.action_help()
-        elif name == "/load" and line.strip() == "/load":
-            self.action_chats()
-        elif name == "/quit":
-            self.action_quit()
+            cmd = None
+        if cmd is not None and cmd.spec.screen and not cmd.arg:
+            getattr(self, f"action_{cmd.spec.screen}")()
         else:
             self.start_turn(partial(self.keeper.run_command, line), "command")
         return True
@@ -212,34 +206,35 @@ class ChatApp(App[None]):
 
     async def on_session_event(self, msg: SessionEvent) -> None:
         ev, t = msg.event, self.transcript
-        kind = getattr(ev, "event", "")
-        if isinstance(ev, ToolCall):
-            await (await t.reply()).add_tool_call(ev)
-        elif isinstance(ev, TurnStats):
-            await (await t.reply()).finish(ev.stop, len(ev.tool_calls))
-            self.panel.show_turn(ev)
-        elif isinstance(ev, CacheState):
-            await self.on_cache_state(ev)
-        elif isinstance(ev, Trimmed):
-            t.mark_dropped(ev.dropped_exchanges)
-            await t.notice(f"Context full: dropped the {ev.dropped_exchanges} oldest exchange(s) and "
-                           f"re-prefilled {ev.reprefilled_tokens} tokens.", "warning")
-        elif isinstance(ev, Info):
-            await t.notice(ev.text)
-        elif isinstance(ev, Error):
-            await self.on_error(ev)
-        elif isinstance(ev, Quit):
-            self.action_quit()
-        elif kind == "load":  # chatapp.restore.Restored: a stored chat is now the session's
-            await self.show_history()
-            self.panel.clear_turns()
-            await t.notice(f"Opened chat #{ev.chat} {ev.title}: {ev.line}.", "dim")
-        elif kind == "saved":  # chatapp.persist.Saved
-            await t.notice(f"Saved as chat #{ev.chat} “{ev.title}” ({ev.snapshot_tokens} tokens in its "
-                           "KV snapshot).", "dim")
-        if kind == "load" and self.keeper.restored:
+        match ev:
+            case ToolCall():
+                await (await t.reply()).add_tool_call(ev)
+            case TurnStats():
+                await (await t.reply()).finish(ev.stop, len(ev.tool_calls))
+                self.panel.show_turn(ev)
+            case CacheState():
+                await self.show_cache_state(ev)
+            case Trimmed():
+                t.mark_dropped(ev.dropped_exchanges)
+                await t.notice(f"Context full: dropped the {ev.dropped_exchanges} oldest exchange(s) and "
+                               f"re-prefilled {ev.reprefilled_tokens} tokens.", "warning")
+            case Info():
+                await t.notice(ev.text)
+            case Error():
+                await self.show_error(ev)
+            case Quit():
+                self.action_quit()
+            case Restored():  # a stored chat is now the session's
+                await self.show_history()
+                self.panel.clear_turns()
+                await t.notice(f"Opened chat #{ev.chat} {ev.title}: {ev.line}.", "dim")
+            case Saved():
+                await t.notice(f"Saved as chat #{ev.chat} “{ev.title}” ({ev.snapshot_tokens} tokens in its "
+                               "KV snapshot).", "dim")
+        if isinstance(ev, Restored) and self.keeper.restored:
             self.panel.show_restore(self.keeper.restored.line)
-        elif kind in ("reset", "system", "trim") or self.cuts_restore(ev):
+        elif isinstance(ev, Trimmed) or (isinstance(ev, CacheState) and ev.event in ("reset", "system")) \
+                or self.cuts_restore(ev):
             self.panel.show_restore("")
         self.show_chat()
         self.refresh_panel()
@@ -256,7 +251,7 @@ class ChatApp(App[None]):
         chat = f" — chat #{k.chat_id} {k.title or ''}".rstrip() if k is not None and k.chat_id is not None else ""
         self.sub_title = visible(self.session.lm.name + chat)
 
-    async def on_cache_state(self, ev: CacheState) -> None:
+    async def show_cache_state(self, ev: CacheState) -> None:
         t = self.transcript
         if ev.event in ("reset", "system"):
             await t.clear()
@@ -271,11 +266,6 @@ class ChatApp(App[None]):
             await self.show_history()
             if self.turn_kind == "send" and not self.input.text:
                 self.input.give_back(self.sent)  # the message is not lost: edit or send it again
-        else:  # the conversation was replaced (a stored chat opened): show it as the session has it
-            await self.show_history()
-            self.panel.clear_turns()
-            if ev.detail:
-                await t.notice(ev.detail, "dim")
 
     async def show_history(self) -> None:
         """Redraw the transcript from the session's exchanges."""
@@ -284,7 +274,7 @@ class ChatApp(App[None]):
             await self.transcript.add_exchange(ex.user, ex.reply, ex.tool_calls)
         self.transcript.mark_dropped(len(self.session.archive))  # out of the context: dimmed, as when trimmed
 
-    async def on_error(self, ev: Error) -> None:
+    async def show_error(self, ev: Error) -> None:
         if self.turn_kind == "send" and (text := await self.transcript.drop_unanswered()) is not None:
             if not self.input.text:
                 self.input.give_back(text)  # refused: give the message back to edit
@@ -344,12 +334,12 @@ class ChatApp(App[None]):
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        for name, desc in COMMANDS.items():
-            yield SystemCommand(name, desc, partial(self.palette_command, name))
+        for spec in TABLE:
+            yield SystemCommand(spec.usage, spec.help, partial(self.palette_command, spec))
         yield SystemCommand("Chats", "the stored chats: open, rename, delete, new (Ctrl+O)", self.action_chats)
 
-    async def palette_command(self, name: str) -> None:
-        if name in NEEDS_ARGUMENT:
-            self.input.give_back(name + " ")
+    async def palette_command(self, spec: CommandSpec) -> None:
+        if spec.needs_arg:
+            self.input.give_back(spec.name + " ")
         else:
-            await self.submit(name)
+            await self.submit(spec.name)

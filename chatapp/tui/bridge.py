@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 
 from textual.message import Message
 
-from chatapp.events import Error, Event, TextDelta
+from chatapp.chat.events import Error, Event, TextDelta
 
 BATCH_INTERVAL_S = 0.05
 
@@ -47,11 +47,11 @@ class TurnFinished(Message):
 
 
 class Loaded(Message):
-    """From the load worker: the session is ready."""
+    """From the load worker: the chat (a ChatKeeper) is ready."""
 
-    def __init__(self, session) -> None:
+    def __init__(self, chat) -> None:
         super().__init__()
-        self.session = session
+        self.chat = chat
 
 
 class LoadProgress(Message):

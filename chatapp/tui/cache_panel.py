@@ -14,7 +14,7 @@ from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.widgets import Label, ProgressBar, Sparkline, Static
 
-from chatapp.events import TurnStats
+from chatapp.chat.events import TurnStats
 from chatapp.tui.visible import visible
 
 LABEL_WIDTH = 14

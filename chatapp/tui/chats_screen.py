@@ -17,7 +17,7 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Label
 
-from chatapp.store import ChatStore, StoreError
+from chatapp.store.database import ChatStore, StoreError
 from chatapp.tui.visible import visible
 
 

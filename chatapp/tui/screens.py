@@ -9,7 +9,7 @@ from textual.content import Content
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Label, Static
 
-from chatapp.commands import COMMANDS
+from chatapp.chat.commands import help_rows
 from chatapp.tui.visible import visible
 
 KEYS = [
@@ -26,10 +26,11 @@ KEYS = [
 
 
 def help_content() -> Content:
-    """Two aligned tables, commands then keys, taken from the session's own command list."""
-    width = max(len(name) for name in [*COMMANDS, *(k for k, _ in KEYS)]) + 2
+    """Two aligned tables, commands then keys; the commands come from the one command table."""
+    commands = help_rows()
+    width = max(len(name) for name in [*(u for u, _ in commands), *(k for k, _ in KEYS)]) + 2
     lines: list[Content] = [Content.styled("Commands", "bold")]
-    lines += [Content.assemble((f"{name:<{width}}", "bold $accent"), desc) for name, desc in COMMANDS.items()]
+    lines += [Content.assemble((f"{usage:<{width}}", "bold $accent"), desc) for usage, desc in commands]
     lines += [Content(""), Content.styled("Keys", "bold")]
     lines += [Content.assemble((f"{key:<{width}}", "bold $accent"), desc) for key, desc in KEYS]
     return Content("\n").join(lines)

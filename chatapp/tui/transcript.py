@@ -12,7 +12,7 @@ from textual.content import Content
 from textual.widgets import Markdown, ProgressBar, Static
 from textual.widgets.markdown import MarkdownStream
 
-from chatapp.events import ToolCall
+from chatapp.chat.events import ToolCall
 from chatapp.tui.visible import visible
 
 STOP_NOTES = {"cancel": "stopped (Esc)", "length": "cut at max_new_tokens"}
@@ -96,7 +96,7 @@ class LoadStatus(Vertical):
             self.bar.update(progress=fraction)
 
 
-class Segment:
+class ReplyPiece:
     """One Markdown block of a reply and its stream (a tool call starts a new one)."""
 
     def __init__(self, widget: Markdown) -> None:
@@ -116,8 +116,8 @@ class Reply(Vertical):
     def __init__(self, markers: dict[str, str] | None = None, title: str = "assistant") -> None:
         super().__init__()
         self.markup = ToolMarkup(markers)
-        self.segments: list[Segment] = []
-        self.open: Segment | None = None
+        self.segments: list[ReplyPiece] = []
+        self.open: ReplyPiece | None = None
         self.finished = False
         self.border_title = title
 
@@ -150,11 +150,11 @@ class Reply(Vertical):
             self.border_subtitle = note
         self.finished = True
 
-    async def _open_segment(self) -> Segment:
+    async def _open_segment(self) -> ReplyPiece:
         if self.open is None:
             widget = Markdown()
             await self.mount(widget)
-            self.open = Segment(widget)
+            self.open = ReplyPiece(widget)
             self.segments.append(self.open)
         return self.open
 
@@ -164,7 +164,7 @@ class Reply(Vertical):
             self.open = None
 
 
-class Exchange:
+class ExchangeView:
     def __init__(self, user: UserMessage) -> None:
         self.user = user
         self.reply: Reply | None = None
@@ -175,14 +175,14 @@ class Transcript(VerticalScroll, can_focus=True):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.exchanges: list[Exchange] = []
+        self.exchanges: list[ExchangeView] = []
         self.markers: dict[str, str] | None = None  # tool markers of the loaded model's template
 
     def on_mount(self) -> None:
         self.anchor()
 
     async def add_user(self, text: str) -> None:
-        ex = Exchange(UserMessage(text))
+        ex = ExchangeView(UserMessage(text))
         self.exchanges.append(ex)
         await self.mount(ex.user)
 

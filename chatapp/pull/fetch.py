@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from chatapp.pull_progress import ProgressFn, PullProgress, StderrBar, Throttled
+from chatapp.pull.progress import ProgressFn, PullProgress, StderrBar, Throttled
 from model.errors import UserError
 from model.loading.gguf import CONVERTER_VERSION, cache_root, convert_gguf, missing_dirs, remove_empty, staging_dir
 

@@ -10,40 +10,17 @@ says which happened and why.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 
-from chatapp.events import ToolCall
-from chatapp.fingerprint import ModelIdentity, tokenizer_fingerprint
-from chatapp.session import Exchange, Session, Settings
-from chatapp.snapshot import load_chain, plan_chain, scan
-from chatapp.store import ChatData, Message, StoreError
+from chatapp.chat.events import Restored, ToolCall
+from chatapp.chat.session import Exchange, Session
+from chatapp.chat.settings import Settings
+from chatapp.store.database import ChatData, StoredMessage, StoreError
+from chatapp.store.identity import ModelIdentity, tokenizer_fingerprint
+from chatapp.store.snapshots import load_chain, plan_chain, scan
 
 
-@dataclass
-class Restored:
-    chat: int
-    title: str
-    restored_tokens: int      # K/V loaded from the snapshot: not recomputed
-    reprefilled_tokens: int   # recomputed from the stored token ids
-    pending_tokens: int       # left for the next turn's prefill (a reply's closing tokens)
-    messages: int
-    cache_seqlens: int
-    capacity: int
-    detail: str               # why the snapshot was not (fully) used; "" when it was
-    event: str = "load"
-
-    @property
-    def line(self) -> str:
-        """The one line the faces show, e.g. in the cache panel."""
-        if self.reprefilled_tokens == 0 and self.restored_tokens:
-            return f"restored {self.restored_tokens} tokens from snapshot"
-        parts = [f"restored {self.restored_tokens} tokens from snapshot"] if self.restored_tokens else []
-        parts.append(f"re-prefilled {self.reprefilled_tokens} tokens")
-        return ", ".join(parts) + (f" ({self.detail})" if self.detail else "")
-
-
-def pairs(messages: list[Message]) -> list[tuple[Message, Message]]:
+def pairs(messages: list[StoredMessage]) -> list[tuple[StoredMessage, StoredMessage]]:
     users = messages[0::2]
     replies = messages[1::2]
     return [(u, a) for u, a in zip(users, replies, strict=False) if u.role == "user" and a.role == "assistant"]
@@ -55,7 +32,7 @@ def archived(chat: ChatData) -> list[Exchange]:
             for u, a in pairs(chat.messages) if not u.token_ids and not a.token_ids]
 
 
-def in_context(chat: ChatData) -> list[tuple[Message, Message]]:
+def in_context(chat: ChatData) -> list[tuple[StoredMessage, StoredMessage]]:
     return [(u, a) for u, a in pairs(chat.messages) if u.token_ids or a.token_ids]
 
 

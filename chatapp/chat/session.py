@@ -14,25 +14,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from chatapp.commands import STORE_COMMANDS, is_text, parse_command, parse_settings
-from chatapp.events import CacheState, Error, Event, Info, Quit, TextDelta, ToolCall, Trimmed, TurnStats
-from chatapp.tools import ToolRunner
+from chatapp.chat.commands import help_text, is_text, parse_command
+from chatapp.chat.events import CacheState, Error, Event, Info, Quit, TextDelta, ToolCall, Trimmed, TurnStats
+from chatapp.chat.settings import Settings, parse_settings, settings_text
+from chatapp.chat.tools import ToolRunner
 from model.errors import UserError
 from model.generate import Generator, SamplingConfig
 from model.loading import LoadedModel
-
-
-@dataclass
-class Settings:
-    temperature: float = 0.2
-    top_k: int = 0
-    top_p: float = 0.9
-    seed: int | None = None
-    max_new_tokens: int = 256
-    system: str | None = None        # None: the model's default system prompt
-
-    def sampling(self) -> SamplingConfig:
-        return SamplingConfig(self.temperature, self.top_k, self.top_p, self.seed)
 
 
 @dataclass
@@ -170,7 +158,8 @@ class Session:
 
     def _reply(self) -> Iterator[Event]:
         ex = self.exchanges[-1]
-        self.gen.configure(self.settings.sampling())
+        s = self.settings
+        self.gen.configure(SamplingConfig(s.temperature, s.top_k, s.top_p, s.seed))
         if self.cache.pos == len(self.tokens):  # nothing pending (a retry): re-feed one token for logits
             self.cache.rewind(self.cache.pos - 1)
         cached_before = self.cache.pos
@@ -266,61 +255,81 @@ class Session:
         kept_from = self.exchanges[n].start if n < len(self.exchanges) else len(self.tokens)
         return len(self.tokens) - (kept_from - self.prefix_len)
 
-    # --- commands ----------------------------------------------------------------
+    # --- commands (chatapp/chat/commands.py's table names these handlers) ----------
     def run_command(self, line: str) -> Iterator[Event]:
         try:
             cmd = parse_command(line)
-            if cmd.name == "/set":
-                values = parse_settings(cmd.arg)
-            if cmd.name == "/system":
-                self.check_system_fits(cmd.arg)
         except UserError as e:
             yield Error(str(e))
             return
-        if cmd.name == "/reset":
-            self.reset()
-            yield self.state("reset")
-        elif cmd.name == "/retry":
-            if not self.exchanges:
-                yield Error("/retry: nothing to retry yet")
-                return
-            self.cancel_flag.clear()
-
-            def retry() -> Iterator[Event]:
-                self.truncate(self.exchanges[-1].reply_start)
-                yield self.state("retry")
-                yield from self._reply()
-            yield from self._undoable(retry())
-        elif cmd.name == "/undo":
-            if not self.exchanges:
-                yield Error("/undo: nothing to undo")
-                return
-            self.truncate(self.exchanges.pop().start)
-            yield self.state("undo")
-        elif cmd.name == "/system":
-            self.settings.system = cmd.arg
-            self.reset()
-            yield self.state("system", "system prompt set; new chat started")
-        elif cmd.name == "/set":
-            for k, v in values.items():
-                setattr(self.settings, k, v)
-            yield Info("settings: " + " ".join(f"{k}={v}" for k, v in values.items()), values)
-        elif cmd.name == "/stats":
-            yield Info(self.stats_text(), self.stats())
-        elif cmd.name == "/help":
-            from chatapp.commands import help_text
-            yield Info(help_text())
-        elif cmd.name in STORE_COMMANDS:  # served by chatapp/persist.py's ChatKeeper when there is one
+        if cmd.spec.store:  # served by chatapp/store/keeper.py's ChatKeeper
             yield Error(f"{cmd.name}: chats are not kept in this session")
-        elif cmd.name == "/quit":
-            yield Quit()
+            return
+        yield from getattr(self, cmd.spec.handler)(cmd.arg)
+
+    def reset_chat(self, _arg: str = "") -> Iterator[Event]:
+        self.reset()
+        yield self.state("reset")
+
+    def retry(self, _arg: str = "") -> Iterator[Event]:
+        if not self.exchanges:
+            yield Error("/retry: nothing to retry yet")
+            return
+        self.cancel_flag.clear()
+
+        def retry() -> Iterator[Event]:
+            self.truncate(self.exchanges[-1].reply_start)
+            yield self.state("retry")
+            yield from self._reply()
+        yield from self._undoable(retry())
+
+    def undo(self, _arg: str = "") -> Iterator[Event]:
+        if not self.exchanges:
+            yield Error("/undo: nothing to undo")
+            return
+        self.truncate(self.exchanges.pop().start)
+        yield self.state("undo")
+
+    def set_system(self, text: str) -> Iterator[Event]:
+        try:
+            self.check_system_fits(text)
+        except UserError as e:
+            yield Error(str(e))
+            return
+        self.settings.system = text
+        self.reset()
+        yield self.state("system", "system prompt set; new chat started")
+
+    def change_settings(self, arg: str) -> Iterator[Event]:
+        """`/set NAME=VALUE ...` changes settings; `/set` alone shows every one of them."""
+        try:
+            values = parse_settings(arg)
+        except UserError as e:
+            yield Error(str(e))
+            return
+        if not values:
+            current = self.settings.sampling_values()
+            yield Info("settings: " + settings_text(current), current)
+            return
+        for k, v in values.items():
+            setattr(self.settings, k, v)
+        yield Info("settings: " + settings_text(values), values)
+
+    def show_stats(self, _arg: str = "") -> Iterator[Event]:
+        yield Info(self.stats_text(), self.stats())
+
+    def show_help(self, _arg: str = "") -> Iterator[Event]:
+        yield Info(help_text())
+
+    def quit(self, _arg: str = "") -> Iterator[Event]:
+        yield Quit()
 
     def stats(self) -> dict:
         c = self.cache
         d = {"model": self.lm.name, "cache_seqlens": c.pos, "capacity": c.capacity, "tokens": len(self.tokens),
              "shape": list(c.shape), "dtype": str(c.dtype).removeprefix("torch."), "device": str(c.device),
              "kv_bytes_used": c.bytes_used, "kv_bytes_allocated": c.bytes_allocated,
-             "backend": self.lm.model.attn.name, "turns": self.turns}
+             "backend": self.lm.model.attn.name, "turns": self.turns, **self.settings.sampling_values()}
         kept = [st for st in self.history if st.turn <= self.turns]  # an /undo takes its turn's figures too
         if kept:
             last = kept[-1]

@@ -44,12 +44,12 @@ def print_model(res: dict) -> None:
     for name, rows in res.get("variants", {}).items():
         print_decode(name, rows)
     if "profile" in res:
-        from chatapp.bench_profile import print_profile
+        from chatapp.bench.profile import print_profile
 
         pr = res["profile"]
         print_profile(f"at context {pr['context']}", pr["graph_step_us"], pr["kernels"])
     if "resume" in res:
-        print("resume (chatapp.bench_resume): " + ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
+        print("resume (chatapp.bench.resume): " + ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                                                           for k, v in res["resume"].items()))
     peer = res.get("peer")
     if peer and "tok_s" in peer:

@@ -1,10 +1,11 @@
-"""The chat keeper: a Session's conversation, kept in the store as it goes.
+"""The chat keeper: the one chat object the faces talk to, with or without a store.
 
-Faces call `keeper.send(text)` / `keeper.run_command(line)` exactly as they would the session's,
-and get the same events, plus `Saved`/`Restored` for /save and /load. Ordering is the point:
-  1. a turn ends (TurnStats) -> the whole chat is committed to SQLite,
-  2. then the turn event is handed on (so a reported turn is always on disk),
-  3. then the KV snapshot is brought up to date (only the new positions are written).
+Faces call `keeper.send(text)` / `keeper.run_command(line)` and get the session's events, plus
+`Saved`/`Restored` for /save and /load. Ordering is the point:
+  1. an event that reports a change to the chat arrives (a turn, an undo, a trim, /set, ...),
+  2. the whole chat is committed to SQLite,
+  3. then the event is handed on (so whatever a face shows is already on disk),
+  4. after a turn, the KV snapshot is brought up to date (only the new positions are written).
 A failing store (locked, read-only, disk full) yields one clear Error; the conversation stays in
 memory and the next save writes all of it, so nothing is lost and the chat goes on.
 """
@@ -13,31 +14,31 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from safetensors import SafetensorError
 
-from chatapp.commands import parse_chat_id, parse_command
-from chatapp.events import Error, Event, Info, Trimmed, TurnStats
-from chatapp.export import Transcript, export
-from chatapp.fingerprint import Fingerprint, ModelIdentity, tokenizer_fingerprint
-from chatapp.restore import Restored, restore
-from chatapp.session import Session
-from chatapp.snapshot import SnapshotWriter, snapshot_bytes
-from chatapp.store import ChatChanged, ChatData, ChatStore, Message, StoreError, describe
+from chatapp.chat.commands import parse_chat_id, parse_command
+from chatapp.chat.events import CacheState, Error, Event, Info, Restored, Saved, Trimmed, TurnStats
+from chatapp.chat.session import Session
+from chatapp.store.database import ChatChanged, ChatData, ChatStore, StoredMessage, StoreError, describe
+from chatapp.store.export import ExportedChat, export
+from chatapp.store.identity import Fingerprint, ModelIdentity, tokenizer_fingerprint
+from chatapp.store.reopen import restore
+from chatapp.store.snapshots import SnapshotWriter, snapshot_bytes
 from model.errors import UserError
 
 SNAPSHOT_BUDGET = 4 << 30  # snapshots of older chats are pruned past this; those chats re-prefill
 
 
-@dataclass
-class Saved:
-    chat: int
-    title: str
-    messages: int
-    snapshot_tokens: int
-    snapshot_bytes: int
-    event: str = "saved"
+def reports_change(ev: Event) -> bool:
+    """Events after which the chat on disk must already match memory. A retry's rewind is the
+    start of a turn, not a change of its own: the store keeps the old reply until the new one."""
+    match ev:
+        case TurnStats() | Trimmed() | Info():  # Info: /set's change (a no-op commit for the rest)
+            return True
+        case CacheState(event=step):
+            return step != "retry"
+    return False
 
 
 def default_title(session: Session) -> str:
@@ -70,23 +71,18 @@ class ChatKeeper:
         yield from self._track(self.session.send(text))
 
     def run_command(self, line: str) -> Iterator[Event]:
+        """A /command, dispatched through chatapp/chat/commands.py's table: the keeper's own
+        (store=True) here, the rest by the session, with the chat committed as they report."""
         try:
             cmd = parse_command(line)
         except UserError as e:
             yield Error(str(e))
             return
-        if cmd.name == "/save":
-            yield from self.save(cmd.arg)
-        elif cmd.name == "/load":
-            yield from self.load(cmd.arg)
-        elif cmd.name == "/export":
-            yield from self.export(cmd.arg)
+        if cmd.spec.store:
+            yield from getattr(self, cmd.spec.handler)(cmd.arg)
         else:
-            yield from self._track(self.session.run_command(line))
-            if cmd.name in ("/reset", "/system"):
-                self.detach()  # a new chat: the old one stays stored as it was
-            else:
-                yield from self.autosave()
+            yield from self._track(getattr(self.session, cmd.spec.handler)(cmd.arg))
+            yield from self.write_snapshot()
 
     def cancel(self) -> None:
         self.session.cancel()
@@ -99,24 +95,25 @@ class ChatKeeper:
 
     # --- the turn's ordering ------------------------------------------------------
     def _track(self, events: Iterator[Event]) -> Iterator[Event]:
+        """Hand on the session's events, committing the chat before any event that reports a
+        change to it, and writing the snapshot after each turn."""
         s = self.session
         low = s.cache.pos  # a plain turn only appends: positions below this stay as they were
         for ev in events:
-            if isinstance(ev, Trimmed):
-                low = 0  # everything kept moved to new positions
-            if not isinstance(ev, TurnStats):
-                yield ev
-                continue
-            if s.exchanges:  # a /retry rewinds to just before the reply and re-feeds one token
-                low = min(low, s.exchanges[-1].reply_start - 1)
-            self.clean_upto = min(self.clean_upto, low)
-            low = s.cache.pos
-            errors = list(self.commit())
+            match ev:
+                case Trimmed():
+                    low = 0  # everything kept moved to new positions
+                case TurnStats() if s.exchanges:  # a /retry rewinds to before the reply, re-feeds one token
+                    low = min(low, s.exchanges[-1].reply_start - 1)
+                case CacheState(event="reset" | "system"):
+                    self.detach()  # a new chat: the old one stays stored as it was
+            self.clean_upto = min(self.clean_upto, low, s.cache.pos)
+            errors = list(self.commit()) if reports_change(ev) else []
             yield ev
             yield from errors
-            yield from self.write_snapshot()
-        # an /undo rewinds without a turn; the next write past it must not trust old segments
-        self.clean_upto = min(self.clean_upto, low, s.cache.pos)
+            if isinstance(ev, TurnStats):
+                yield from self.write_snapshot()
+                low = s.cache.pos
 
     def autosave(self) -> Iterator[Event]:
         yield from self.commit()
@@ -186,11 +183,11 @@ class ChatKeeper:
         ident = self.identity()
         msgs = []
         for ex in s.archive:  # trimmed out of the context: text only, no token ids (restore.py)
-            msgs.append(Message("user", ex.user, []))
-            msgs.append(Message("assistant", ex.reply, [], [dataclasses.asdict(c) for c in ex.tool_calls]))
+            msgs.append(StoredMessage("user", ex.user, []))
+            msgs.append(StoredMessage("assistant", ex.reply, [], [dataclasses.asdict(c) for c in ex.tool_calls]))
         for ex in s.exchanges:
-            msgs.append(Message("user", ex.user, s.tokens[ex.start:ex.reply_start]))
-            msgs.append(Message("assistant", ex.reply, s.tokens[ex.reply_start:ex.end],
+            msgs.append(StoredMessage("user", ex.user, s.tokens[ex.start:ex.reply_start]))
+            msgs.append(StoredMessage("assistant", ex.reply, s.tokens[ex.reply_start:ex.end],
                                 [dataclasses.asdict(c) for c in ex.tool_calls]))
         self.title = self.title or default_title(s)
         return ChatData(self.title, s.lm.name, ident.digest, self.tokenizer_fp(),
@@ -314,7 +311,7 @@ class ChatKeeper:
 
     def export(self, dest: str) -> Iterator[Event]:
         s = self.session
-        t = Transcript(self.title or default_title(s), s.lm.name, s.system,
+        t = ExportedChat(self.title or default_title(s), s.lm.name, s.system,
                        [(ex.user, ex.reply, ex.tool_calls) for ex in s.archive + s.exchanges], self.chat_id,
                        self.created or None)
         try:

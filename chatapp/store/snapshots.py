@@ -24,7 +24,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from chatapp.fingerprint import ModelIdentity
+from chatapp.store.identity import ModelIdentity
 from kvcache import KVCache
 
 FORMAT = "nanochat-tui-kv/1"

@@ -73,7 +73,7 @@ def chats_dir() -> Path:
 
 
 @dataclass
-class Message:
+class StoredMessage:
     role: str                 # "user" | "assistant"
     content: str
     token_ids: list[int]
@@ -92,7 +92,7 @@ class ChatData:
     system: str
     prefix_tokens: list[int]
     cache_pos: int
-    messages: list[Message] = field(default_factory=list)
+    messages: list[StoredMessage] = field(default_factory=list)
     id: int | None = None
     created: float = 0.0
     updated: float = 0.0
@@ -244,7 +244,7 @@ class ChatStore:
                               " ORDER BY seq", (chat_id,)).fetchall()
         (cid, title, model, mfp, tfp, settings, system, prefix, cache_pos, created, updated) = row
         return ChatData(title, model, mfp, tfp, json.loads(settings), system, json.loads(prefix), cache_pos,
-                        [Message(r, c, json.loads(t), json.loads(tc)) for r, c, t, tc in msgs],
+                        [StoredMessage(r, c, json.loads(t), json.loads(tc)) for r, c, t, tc in msgs],
                         cid, created, updated)
 
     def list(self, limit: int = 500) -> list[ChatSummary]:

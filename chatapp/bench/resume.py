@@ -4,7 +4,7 @@
   snapshot:     a fresh session opens the stored chat from its KV snapshot;
   reprefill:    a fresh session opens it with no snapshot and recomputes the history.
 Targets (issue 7): snapshot TTFT within 1.5x of never_closed, re-prefill at least 10x on a CPU.
-`nanochat-tui bench` calls `bench_resume`; `python -m chatapp.bench_resume` runs it alone.
+`nanochat-tui bench` calls `bench_resume`; `python -m chatapp.bench.resume` runs it alone.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from pathlib import Path
 
 import torch
 
-from chatapp.events import TurnStats
-from chatapp.persist import ChatKeeper
-from chatapp.session import Exchange, Session, Settings
-from chatapp.store import ChatStore
+from chatapp.chat.events import TurnStats
+from chatapp.chat.session import Exchange, Session
+from chatapp.chat.settings import Settings
+from chatapp.store.database import ChatStore
+from chatapp.store.keeper import ChatKeeper
 from model.loading import LoadedModel, load_model
 from model.loading.base import LoadOptions
 
@@ -135,7 +136,7 @@ def bench_resume(lm: LoadedModel | None = None, spec: str = "random:smollm2-135m
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m chatapp.bench_resume", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m chatapp.bench.resume", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="random:smollm2-135m")
     p.add_argument("--tokens", type=int, default=4096, help="length of the chat to resume")
     p.add_argument("--device", default="cpu")

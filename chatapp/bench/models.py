@@ -39,7 +39,7 @@ def _attention(opts: LoadOptions):
 def default_model_path() -> Path | None:
     """The converted default model if `nanochat-tui pull` already ran; the bench never downloads."""
     try:
-        from chatapp.pull import default_model_dir, is_installed
+        from chatapp.pull.fetch import default_model_dir, is_installed
     except ImportError:
         return None
     path = default_model_dir()

@@ -2,7 +2,7 @@
 
 Prints a readable table per model, then ONE JSON line last. Everything compared is measured
 in the same run: persistent cache vs re-prefill, graph vs eager, ours vs transformers.
-Also runnable as `python -m chatapp.bench`.
+Also runnable as `python -m chatapp.bench.main`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-from chatapp.bench_decode import decode_at, peak_bandwidth, weight_bytes_per_token, with_mbu
-from chatapp.bench_report import print_model, summary_line
-from chatapp.bench_turns import multiturn, script_tokens
-from chatapp.cli import check_device
+from chatapp.bench.decode import decode_at, peak_bandwidth, weight_bytes_per_token, with_mbu
+from chatapp.bench.report import print_model, summary_line
+from chatapp.bench.turns import multiturn, script_tokens
+from chatapp.launch import check_device
 from model.errors import UserError
 from model.generate import Generator
 from model.loading.base import LoadOptions
@@ -83,7 +83,7 @@ def parse(argv: list[str]) -> BenchArgs:
     p.add_argument("--no-peer", action="store_true", help="skip transformers' static-cache generate")
     p.add_argument("--no-variants", action="store_true", help="skip eager / plain-graph / FA3 comparisons")
     p.add_argument("--no-profile", action="store_true", help="skip the per-kernel profile of a decode step")
-    p.add_argument("--resume", action="store_true", help="also time resuming a stored chat (chatapp.bench_resume)")
+    p.add_argument("--resume", action="store_true", help="also time resuming a stored chat (chatapp.bench.resume)")
     a = p.parse_args(argv)
     device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     check_device(device, a.attn)
@@ -139,7 +139,7 @@ def variants(lm, cache, args: BenchArgs, peak: float) -> dict[str, list[dict]]:
 
 
 def profile(gen: Generator, context: int) -> dict:
-    from chatapp.bench_profile import graph_step_us, kernel_table
+    from chatapp.bench.profile import graph_step_us, kernel_table
 
     decode_at(gen, min(context, gen.cache.capacity - 8), 2)
     gen.graphs.settle()
@@ -149,7 +149,7 @@ def profile(gen: Generator, context: int) -> dict:
 
 def resume_figures(lm, args: BenchArgs) -> dict:
     """The chat keeper's resume benchmark on the same model (its own store, its own sessions)."""
-    from chatapp.bench_resume import bench_resume
+    from chatapp.bench.resume import bench_resume
 
     tokens = 256 if args.reply_tokens <= 8 else 4096
     try:
@@ -160,8 +160,8 @@ def resume_figures(lm, args: BenchArgs) -> dict:
 
 
 def bench_model(spec: str, args: BenchArgs, peak: float) -> dict:
-    from chatapp.bench_models import resolve
-    from chatapp.bench_peer import hf_static_decode
+    from chatapp.bench.models import resolve
+    from chatapp.bench.peer import hf_static_decode
 
     opts = LoadOptions(device=args.device, dtype=args.dtype, attn=args.attn)
     lm, note = resolve(spec, opts, args.gguf)

