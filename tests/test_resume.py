@@ -88,3 +88,54 @@ def test_a_trim_keeps_the_dropped_exchanges_in_the_stored_chat(tmp_path):
     text = out.read_text()
     assert all(m in text for m in msgs)
     assert turn["turn"] == 9 and turn["cached_before"] == ready["cache_seqlens"]  # the context came back as it was
+
+
+def test_a_typed_flag_overrides_the_stored_chat_even_at_its_default_value(tmp_path):
+    from chatapp.store.database import ChatStore
+
+    cmd = [sys.executable, "-m", "chatapp.cli", "--headless", "--model", "random:tiny", "--max-new-tokens", "4"]
+    env = {**os.environ, "NANOCHAT_TUI_CHATS": str(tmp_path)}
+
+    def stored_temperature(*flags: str) -> float:
+        """Run one turn, then read the chat's settings back from the database."""
+        p = subprocess.run(cmd + list(flags), input=b"hello\n", capture_output=True, timeout=120, env=env)
+        assert p.returncode == 0, p.stderr.decode()
+        store = ChatStore(tmp_path)
+        try:
+            return store.get(store.latest_id()).settings["temperature"]
+        finally:
+            store.close()
+
+    assert stored_temperature("--temperature", "0.7") == 0.7
+    assert stored_temperature("--resume") == 0.7  # nothing typed: the stored chat's value
+    # 0.2 is the default: before, a flag equal to the default counted as not given
+    assert stored_temperature("--resume", "--temperature", "0.2") == 0.2
+    assert stored_temperature("--resume") == 0.2  # and the chat keeps it
+
+
+LEGACY = Path(__file__).parent / "data" / "legacy_store"
+
+
+def test_chats_stored_before_the_redesign_still_open(tmp_path):
+    """tests/data/legacy_store was written by the code before the chatapp/ redesign (two chats, the first
+    with /set temperature=0.5 and /save "legacy chat", KV snapshots for both)."""
+    import shutil
+
+    snap, replayed = tmp_path / "snap", tmp_path / "replayed"
+    shutil.copytree(LEGACY, snap)
+    shutil.copytree(LEGACY, replayed)
+    shutil.rmtree(replayed / "snapshots")  # the same chat, re-prefilled from its stored tokens
+    script = "/set\nNext one\n"
+    runs = {}
+    for name, root in (("snap", snap), ("replayed", replayed)):
+        p, ev = headless(script, "--chat", "1", "--context", "256", "--max-new-tokens", "10", chats=root)
+        assert p.returncode == 0, p.stderr.decode()
+        runs[name] = ev
+    ready, settings, turn = runs["snap"]
+    assert (ready["chat"], ready["title"], ready["turns"]) == (1, "legacy chat", 2)
+    assert ready["restored_tokens"] == 125 and ready["reprefilled_tokens"] == 0
+    assert runs["replayed"][0]["restored_tokens"] == 0 and runs["replayed"][0]["reprefilled_tokens"] == 125
+    assert settings["data"]["temperature"] == 0.0  # --temperature 0 (BASE) was typed: it wins over the stored 0.5
+    assert turn["cached_before"] == 125 and turn["reply"] == runs["replayed"][2]["reply"]
+    p, ev = headless("/load 2\n", "--context", "256", chats=snap)
+    assert ev[1]["event"] == "load" and ev[1]["chat"] == 2 and ev[1]["restored_tokens"] == 78

@@ -2,7 +2,7 @@
 
 Prints a readable table per model, then ONE JSON line last. Everything compared is measured
 in the same run: persistent cache vs re-prefill, graph vs eager, ours vs transformers.
-Also runnable as `python -m chatapp.bench.main`.
+Run it as `nanochat-tui bench` (the CLI turns its UserErrors into one-line messages).
 """
 
 from __future__ import annotations
@@ -15,11 +15,16 @@ from dataclasses import dataclass
 import torch
 
 from chatapp.bench.decode import decode_at, peak_bandwidth, weight_bytes_per_token, with_mbu
+from chatapp.bench.models import resolve
+from chatapp.bench.peer import hf_static_decode
+from chatapp.bench.profile import graph_step_us, kernel_table
 from chatapp.bench.report import print_model, summary_line
+from chatapp.bench.resume import bench_resume
 from chatapp.bench.turns import multiturn, script_tokens
 from chatapp.launch import check_device
 from model.errors import UserError
 from model.generate import Generator
+from model.graphs import GraphConfig
 from model.loading.base import LoadOptions
 
 GPU_MODELS = "default,random:d20,random:d32,random-nanochat:d20"
@@ -118,8 +123,6 @@ def decode_rows(gen: Generator, lm, args: BenchArgs, peak: float, tokens: int,
 
 def variants(lm, cache, args: BenchArgs, peak: float) -> dict[str, list[dict]]:
     """The same decode through each engine, on the same cache: what each layer of the fast path buys."""
-    from model.graphs import GraphConfig
-
     ends = sorted({args.contexts[0], args.contexts[-1]})
     out = {}
     configs = {"eager": None, "graph+torch": GraphConfig(fused=False), "graph+fused+fa3": GraphConfig(attn="fa3"),
@@ -139,8 +142,6 @@ def variants(lm, cache, args: BenchArgs, peak: float) -> dict[str, list[dict]]:
 
 
 def profile(gen: Generator, context: int) -> dict:
-    from chatapp.bench.profile import graph_step_us, kernel_table
-
     decode_at(gen, min(context, gen.cache.capacity - 8), 2)
     gen.graphs.settle()
     return {"context": gen.cache.pos, "graph_step_us": graph_step_us(gen.graphs),
@@ -149,8 +150,6 @@ def profile(gen: Generator, context: int) -> dict:
 
 def resume_figures(lm, args: BenchArgs) -> dict:
     """The chat keeper's resume benchmark on the same model (its own store, its own sessions)."""
-    from chatapp.bench.resume import bench_resume
-
     tokens = 256 if args.reply_tokens <= 8 else 4096
     try:
         return bench_resume(lm, chat_tokens=min(tokens, lm.context_length - 600), device=args.device,
@@ -160,9 +159,6 @@ def resume_figures(lm, args: BenchArgs) -> dict:
 
 
 def bench_model(spec: str, args: BenchArgs, peak: float) -> dict:
-    from chatapp.bench.models import resolve
-    from chatapp.bench.peer import hf_static_decode
-
     opts = LoadOptions(device=args.device, dtype=args.dtype, attn=args.attn)
     lm, note = resolve(spec, opts, args.gguf)
     if (need := script_tokens(lm, args.turns, args.reply_tokens) + 8) > lm.context_length:
@@ -210,9 +206,3 @@ def main(argv: list[str] | None = None) -> int:
         results.append(res)
     print(json.dumps(summary_line(name, peak, results)))
     return 0
-
-
-if __name__ == "__main__":
-    from chatapp.cli import main as cli_main  # its one-line errors, not tracebacks
-
-    sys.exit(cli_main(["bench", *sys.argv[1:]]))

@@ -6,8 +6,12 @@ from pathlib import Path
 
 import torch
 
+from chatapp.pull.fetch import default_model_dir, is_installed
+from kvcache import Attention
 from model.loading import LoadedModel, load_model
 from model.loading.base import LoadOptions
+from model.nanochat import Nanochat
+from model.nanochat_config import LATEST, NanochatConfig
 
 # nanochat's d20 shape, random weights, the newest generation's architecture.
 NANOCHAT_SHAPES = {"d20": dict(n_layer=20, n_head=10, n_kv_head=10, n_embd=1280),
@@ -15,9 +19,6 @@ NANOCHAT_SHAPES = {"d20": dict(n_layer=20, n_head=10, n_kv_head=10, n_embd=1280)
 
 
 def random_nanochat(shape: str, opts: LoadOptions) -> LoadedModel:
-    from model.nanochat import Nanochat
-    from model.nanochat_config import LATEST, NanochatConfig
-
     cfg = NanochatConfig.for_generation(LATEST, sequence_len=8192, vocab_size=32768, **NANOCHAT_SHAPES[shape])
     torch.manual_seed(0)
     model = Nanochat(cfg, _attention(opts))
@@ -31,17 +32,11 @@ def random_nanochat(shape: str, opts: LoadOptions) -> LoadedModel:
 
 
 def _attention(opts: LoadOptions):
-    from kvcache import Attention
-
     return Attention(opts.attn)
 
 
 def default_model_path() -> Path | None:
     """The converted default model if `nanochat-tui pull` already ran; the bench never downloads."""
-    try:
-        from chatapp.pull.fetch import default_model_dir, is_installed
-    except ImportError:
-        return None
     path = default_model_dir()
     return path if is_installed(path) else None
 

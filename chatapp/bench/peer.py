@@ -15,7 +15,7 @@ from model.llama import Llama
 
 def hf_llama(model: Llama):
     """A transformers LlamaForCausalLM holding the same tensors' values as `model`."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM  # lazy: transformers comes with the test extra
 
     c = model.config
     p = model.lm_head.weight

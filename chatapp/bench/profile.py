@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 
 def graph_step_us(graphs, reps: int = 200) -> float:
@@ -30,8 +31,6 @@ def graph_step_us(graphs, reps: int = 200) -> float:
 
 def kernel_table(graphs, steps: int = 5, top: int = 12) -> list[dict]:
     """Per-token kernel time by kernel name (eager launches of the captured step's code)."""
-    from torch.profiler import ProfilerActivity, profile
-
     with torch.inference_mode():
         graphs.step()
         torch.cuda.synchronize()

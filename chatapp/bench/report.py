@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from chatapp.bench.profile import print_profile
+
 
 def _row(cells: list[str], widths: list[int]) -> str:
     return "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=False))
@@ -44,8 +46,6 @@ def print_model(res: dict) -> None:
     for name, rows in res.get("variants", {}).items():
         print_decode(name, rows)
     if "profile" in res:
-        from chatapp.bench.profile import print_profile
-
         pr = res["profile"]
         print_profile(f"at context {pr['context']}", pr["graph_step_us"], pr["kernels"])
     if "resume" in res:

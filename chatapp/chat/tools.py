@@ -7,6 +7,7 @@ model into the cache like any others, so the cache invariant is untouched.
 
 from __future__ import annotations
 
+from chatapp.chat.calculator import evaluate
 from chatapp.chat.events import ToolCall
 from model.templates import ChatTemplate
 from model.tokenizer import Tokenizer
@@ -28,8 +29,6 @@ class ToolRunner:
         if tok == self.ids["python_start"]:
             self.expr = []
         elif tok == self.ids["python_end"] and self.expr:  # an empty call is ignored, as nanochat does
-            from chatapp.chat.calculator import evaluate
-
             expr = self.tok.decode(self.expr)
             self.expr = None
             self.new_call = ToolCall(expr, evaluate(expr))

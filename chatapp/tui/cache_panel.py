@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import psutil
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.content import Content
@@ -30,11 +31,9 @@ class Memory:
 
 
 def read_memory(device: str) -> Memory:
-    import psutil
-
     mem = Memory(psutil.Process().memory_info().rss)
     if device.startswith("cuda"):
-        import torch
+        import torch  # lazy: on CUDA only, and torch must not delay the first frame
 
         mem.cuda_allocated = torch.cuda.memory_allocated(device)
         mem.cuda_reserved = torch.cuda.memory_reserved(device)

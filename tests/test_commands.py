@@ -1,0 +1,83 @@
+"""The one command table: every reader agrees with it, and a command is one entry plus a handler."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+import chatapp.chat.commands as commands
+from chatapp.chat.commands import TABLE, CommandSpec, help_text, parse_command
+from chatapp.chat.events import Error, Info
+from chatapp.chat.session import Session
+from chatapp.chat.settings import DEFAULTS, Settings
+from chatapp.store.keeper import ChatKeeper
+from model.errors import UserError
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "tui.md"
+
+
+def doc_rows() -> list[tuple[str, str, bool, str]]:
+    text = DOC.read_text()
+    block = text.split("<!-- generated from chatapp/chat/commands.py's TABLE")[1].split("<!-- end of commands -->")[0]
+    rows = re.findall(r"^\| `([^`]+)` \| (.*?) \| (.*?) \| (.*?) \|$", block, re.M)
+    return [(u, h, served.startswith("keeper"), screen.strip("`").removeprefix("action_")) for u, h, served, screen
+            in rows]
+
+
+def test_docs_list_exactly_the_table():
+    assert doc_rows() == [(c.usage, c.help, c.store, c.screen) for c in TABLE]
+
+
+def test_every_handler_exists_where_the_table_says():
+    for c in TABLE:
+        owner = ChatKeeper if c.store else Session
+        assert callable(getattr(owner, c.handler, None)), f"{c.name}: no {owner.__name__}.{c.handler}"
+        if c.screen:
+            from chatapp.tui.app import ChatApp
+            assert callable(getattr(ChatApp, f"action_{c.screen}", None)), c.name
+
+
+def test_help_lists_every_command_with_its_argument():
+    text = help_text()
+    for c in TABLE:
+        assert re.search(rf"^{re.escape(c.usage)}\s+{re.escape(c.help)}$", text, re.M), c.name
+
+
+def test_arguments_are_checked_from_the_table():
+    assert parse_command("/undo").name == "/undo"
+    assert parse_command("/SAVE  My title ").arg == "My title"
+    with pytest.raises(UserError, match="/undo takes no argument"):
+        parse_command("/undo now")
+    with pytest.raises(UserError, match=r"/system needs an argument: /system TEXT"):
+        parse_command("/system")
+    with pytest.raises(UserError, match="unknown command /nope"):
+        parse_command("/nope")
+
+
+class EchoSession(Session):
+    def echo(self, arg: str):
+        yield Info(arg.upper())
+
+
+def test_a_new_command_is_one_table_entry_plus_its_handler(tiny, monkeypatch):
+    spec = CommandSpec("/echo", "say it louder", "TEXT", handler="echo")
+    monkeypatch.setattr(commands, "TABLE", [*TABLE, spec])
+    monkeypatch.setitem(commands.COMMANDS, "/echo", spec)
+    chat = ChatKeeper(EchoSession(tiny, Settings(temperature=0.0, max_new_tokens=4), context=256), None)
+    (ev,) = list(chat.run_command("/echo hello"))
+    assert ev == Info("HELLO")
+    assert "/echo TEXT" in commands.help_text()
+    (err,) = list(chat.run_command("/echo"))
+    assert isinstance(err, Error) and "needs an argument" in err.message
+
+
+def test_set_alone_shows_every_setting_and_stats_include_them(tiny):
+    chat = ChatKeeper(Session(tiny, Settings(temperature=0.0, max_new_tokens=4), context=256), None)
+    (info,) = list(chat.run_command("/set"))
+    assert info.data == {**DEFAULTS, "temperature": 0.0, "max_new_tokens": 4}
+    assert list(chat.run_command("/set top_k=7 seed=3"))[0].data == {"top_k": 7, "seed": 3}
+    (info,) = list(chat.run_command("/set"))
+    assert info.data["top_k"] == 7 and info.data["seed"] == 3 and set(info.data) == set(DEFAULTS)
+    (stats,) = list(chat.run_command("/stats"))
+    assert {k: stats.data[k] for k in DEFAULTS} == info.data
+    assert "top_k=7" in stats.text
