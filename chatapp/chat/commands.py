@@ -3,13 +3,15 @@
 `/help`, the TUI's palette and help screen, headless mode and docs/tui.md all read `TABLE`.
 Adding a command is one entry here plus its handler: a method of `Session` (the conversation)
 or of `ChatKeeper` (`store=True`: it needs the stored chats), named by `handler`, taking the
-argument text and yielding events.
+argument text and yielding events; a handler refuses by raising UserError (see `run_handler`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from chatapp.chat.events import Error, Event
 from model.errors import UserError
 
 
@@ -83,6 +85,14 @@ def parse_command(line: str) -> Command:
     if not spec.arg and arg:
         raise UserError(f"{spec.name} takes no argument")
     return Command(spec, arg)
+
+
+def run_handler(handler: Callable[[str], Iterator[Event]], arg: str) -> Iterator[Event]:
+    """A handler's events; a UserError it raises becomes its one-line refusal."""
+    try:
+        yield from handler(arg)
+    except UserError as e:
+        yield Error(str(e))
 
 
 def parse_chat_id(arg: str) -> int:

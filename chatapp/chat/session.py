@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from chatapp.chat.commands import help_text, is_text, parse_command
+from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
 from chatapp.chat.events import CacheState, Error, Event, Info, Quit, TextDelta, ToolCall, Trimmed, TurnStats
 from chatapp.chat.settings import Settings, parse_settings, settings_text
 from chatapp.chat.tools import ToolRunner
@@ -265,7 +265,7 @@ class Session:
         if cmd.spec.store:  # served by chatapp/store/keeper.py's ChatKeeper
             yield Error(f"{cmd.name}: chats are not kept in this session")
             return
-        yield from getattr(self, cmd.spec.handler)(cmd.arg)
+        yield from run_handler(getattr(self, cmd.spec.handler), cmd.arg)
 
     def reset_chat(self, _arg: str = "") -> Iterator[Event]:
         self.reset()
@@ -273,8 +273,7 @@ class Session:
 
     def retry(self, _arg: str = "") -> Iterator[Event]:
         if not self.exchanges:
-            yield Error("/retry: nothing to retry yet")
-            return
+            raise UserError("/retry: nothing to retry yet")
         self.cancel_flag.clear()
 
         def retry() -> Iterator[Event]:
@@ -285,28 +284,19 @@ class Session:
 
     def undo(self, _arg: str = "") -> Iterator[Event]:
         if not self.exchanges:
-            yield Error("/undo: nothing to undo")
-            return
+            raise UserError("/undo: nothing to undo")
         self.truncate(self.exchanges.pop().start)
         yield self.state("undo")
 
     def set_system(self, text: str) -> Iterator[Event]:
-        try:
-            self.check_system_fits(text)
-        except UserError as e:
-            yield Error(str(e))
-            return
+        self.check_system_fits(text)
         self.settings.system = text
         self.reset()
         yield self.state("system", "system prompt set; new chat started")
 
     def change_settings(self, arg: str) -> Iterator[Event]:
         """`/set NAME=VALUE ...` changes settings; `/set` alone shows every one of them."""
-        try:
-            values = parse_settings(arg)
-        except UserError as e:
-            yield Error(str(e))
-            return
+        values = parse_settings(arg)
         if not values:
             current = self.settings.sampling_values()
             yield Info("settings: " + settings_text(current), current)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from safetensors import SafetensorError
 
-from chatapp.chat.commands import parse_chat_id, parse_command
+from chatapp.chat.commands import parse_chat_id, parse_command, run_handler
 from chatapp.chat.events import CacheState, Error, Event, Info, Restored, Saved, Trimmed, TurnStats
 from chatapp.chat.session import Session
 from chatapp.store.database import ChatChanged, ChatData, ChatStore, StoredMessage, StoreError, describe
@@ -79,9 +79,9 @@ class ChatKeeper:
             yield Error(str(e))
             return
         if cmd.spec.store:
-            yield from getattr(self, cmd.spec.handler)(cmd.arg)
+            yield from run_handler(getattr(self, cmd.spec.handler), cmd.arg)
         else:
-            yield from self._track(getattr(self.session, cmd.spec.handler)(cmd.arg))
+            yield from self._track(run_handler(getattr(self.session, cmd.spec.handler), cmd.arg))
             yield from self.write_snapshot()
 
     def cancel(self) -> None:
