@@ -15,8 +15,7 @@ from chatapp.session import Session, Settings
 from chatapp.snapshot import MAX_SEGMENTS
 from chatapp.store import ChatStore
 from model.llama import LlamaConfig
-from model.loading import load_model
-from model.loading.base import LoadedModel, LoadOptions
+from model.loading import LoadedModel, LoadOptions, load_model
 from model.loading.random import PRESETS, random_llama
 from tests.test_session import assert_invariant, assert_transcript
 

@@ -16,7 +16,7 @@ import torch
 from chatapp.events import ToolCall, TurnStats, to_json
 from chatapp.session import Session, Settings
 from kvcache import Attention
-from model.loading.base import LoadedModel
+from model.loading import LoadedModel
 from model.nanochat import Nanochat
 from model.nanochat_config import NanochatConfig
 from model.safe_pickle import load_encoding
