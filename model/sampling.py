@@ -1,14 +1,11 @@
 """Sampling: greedy, temperature, top-k and top-p, one implementation for the host and the device.
 
-`pick` is the maths. The eager decode calls it through `sample_token`; the CUDA-graph decode
-through `DeviceSampler`, whose settings live in device tensors so that one captured graph
-serves every setting. Both turn a SamplingConfig into `pick`'s settings with `settings`, so
-for the same logits, config and generator state they draw the same token (tests check
-this on the CPU, where both run).
-
-`pick` has fixed shapes and no host sync (capturable), and for one sample it draws exactly
-what torch.multinomial would from the same generator: multinomial with one sample is the
-exponential race below, after a host-side check of the probabilities.
+`probabilities` is the maths (fixed shapes, no host sync: capturable). The eager decode
+draws from it with torch.multinomial (`sample_token`); the CUDA-graph decode with `race`
+(`DeviceSampler`, its settings in device tensors so that one captured graph serves every
+setting). For one sample multinomial *is* that exponential race, after a host-side check of
+the probabilities, and both take their settings from `settings`: for the same logits, config
+and generator state they draw the same token (tests check this on the CPU, where both run).
 """
 
 from __future__ import annotations
@@ -34,17 +31,17 @@ TOP_P_OFF = 2.0         # no token has 2 of probability mass before it: nothing 
 
 
 def settings(cfg: SamplingConfig, vocab: int) -> tuple[float, int, float]:
-    """`pick`'s (temperature, index of the k-th best token, top_p): floors applied, and an
+    """`probabilities`' (temperature, index of the k-th best token, top_p): floors applied, and an
     'off' setting made one that keeps every token."""
     kth = (min(cfg.top_k, vocab) if cfg.top_k > 0 else vocab) - 1
     top_p = max(cfg.top_p, MIN_TOP_P) if cfg.top_p < 1.0 else TOP_P_OFF
     return max(cfg.temperature, MIN_TEMPERATURE), kth, top_p
 
 
-def pick(logits: torch.Tensor, temperature: torch.Tensor, kth: torch.Tensor, top_p: torch.Tensor,
-         gen: torch.Generator | None) -> torch.Tensor:
-    """A 0-d int64 token drawn from (V,) logits. temperature and top_p: float32 (1,) tensors,
-    kth: int64 (1,), on the logits' device."""
+def probabilities(logits: torch.Tensor, temperature: torch.Tensor, kth: torch.Tensor,
+                  top_p: torch.Tensor) -> torch.Tensor:
+    """(V,) probabilities in vocabulary order, after temperature, top-k and top-p. temperature
+    and top_p: float32 (1,) tensors, kth: int64 (1,), on the logits' device."""
     logits = logits.float() / temperature
     sorted_l, order = torch.sort(logits, descending=True)
     # Top-k by value: the k-th best stays, and so does every token tied with it.
@@ -52,25 +49,32 @@ def pick(logits: torch.Tensor, temperature: torch.Tensor, kth: torch.Tensor, top
     probs = sorted_l.softmax(-1)
     # Drop a token once the mass before it already reaches top_p; the first always stays.
     sorted_l = sorted_l.masked_fill(probs.cumsum(-1) - probs >= top_p, float("-inf"))
-    probs = logits.scatter(-1, order, sorted_l).softmax(-1)
-    # Exponential race in vocabulary order: argmax(p / E), E ~ Exp(1), draws from p.
+    return logits.scatter(-1, order, sorted_l).softmax(-1)
+
+
+def race(probs: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+    """A 0-d int64 token drawn from `probs` with no host sync: argmax(p / E), E ~ Exp(1), the
+    draw torch.multinomial makes for one sample (the same generator gives the same token)."""
     noise = torch.empty_like(probs).exponential_(generator=gen)
     return (probs / noise).argmax(-1)
 
 
 def sample_token(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator | None) -> torch.Tensor:
-    """Sample from (V,) logits on their device; returns a 0-d int64 tensor (no host sync)."""
+    """Sample from (V,) logits on their device; returns a 0-d int64 tensor."""
     if cfg.temperature <= 0:
         return logits.argmax(-1)
     temperature, kth, top_p = settings(cfg, logits.shape[-1])
     dev = logits.device
     # torch.full launches a fill with the value as its argument: no copy, so no host sync.
-    return pick(logits, torch.full((1,), temperature, device=dev),
-                torch.full((1,), kth, dtype=torch.long, device=dev), torch.full((1,), top_p, device=dev), gen)
+    probs = probabilities(logits, torch.full((1,), temperature, device=dev),
+                          torch.full((1,), kth, dtype=torch.long, device=dev), torch.full((1,), top_p, device=dev))
+    # multinomial is `race` plus a check of the probabilities on the host (the caller syncs on
+    # the token anyway): NaN logits from a broken model raise here instead of picking a token.
+    return torch.multinomial(probs, 1, generator=gen)[0]
 
 
 class DeviceSampler:
-    """`pick` over fixed buffers, its settings held in device tensors: `greedy()` or `sample()`
+    """`probabilities` and `race` over fixed buffers, settings held in device tensors: `greedy()` or `sample()`
     writes the token into `out`, so each can be captured once and replayed for any setting."""
 
     def __init__(self, logits: torch.Tensor, out: torch.Tensor):
@@ -91,4 +95,4 @@ class DeviceSampler:
         self.out.copy_(self.logits.argmax(-1, keepdim=True))
 
     def sample(self) -> None:
-        self.out.copy_(pick(self.logits, self.temperature, self.kth, self.top_p, self.gen))
+        self.out.copy_(race(probabilities(self.logits, self.temperature, self.kth, self.top_p), self.gen))

@@ -93,3 +93,9 @@ def test_host_and_device_samplers_draw_the_same_tokens(cfg, seed):
     assert host == host_draws(logits, cfg, seed, 60, reference)
     if cfg.temperature >= 0.7 and cfg.top_k != 1 and cfg.top_p >= 0.9:
         assert len(set(host)) > 1  # the comparison is of real draws, not of one forced token
+
+
+def test_nan_logits_raise_on_the_host():
+    """A broken model (NaN logits) must fail the turn, not sample a token: the session relies on it."""
+    with pytest.raises(RuntimeError):
+        sample_token(torch.full((10,), float("nan")), SamplingConfig(temperature=1.0), torch.Generator())
