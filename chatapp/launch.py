@@ -24,8 +24,7 @@ from chatapp.store.database import ChatStore, StoreError
 from chatapp.store.keeper import ChatKeeper
 from kvcache.attention import available_backends
 from model.errors import UserError
-from model.loading import load_model
-from model.loading.base import LoadOptions
+from model.loading import LoadOptions, load_model
 
 Warn = Callable[[str], object]
 

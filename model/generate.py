@@ -1,4 +1,4 @@
-"""Prefill, decode and sampling for one sequence over a persistent KVCache.
+"""Prefill and decode for one sequence over a persistent KVCache (sampling: model/sampling.py).
 
 The session drives it token by token: `prefill(ids)` pushes tokens into the cache in
 bounded chunks, `sample()` picks the next token from the last logits, `feed(tok)` runs one
@@ -9,46 +9,13 @@ conversation but not in the cache, which is exactly what the cache invariant all
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from kvcache import KVCache
-
-if TYPE_CHECKING:
-    from model.graphs import GraphConfig
-
-
-@dataclass
-class SamplingConfig:
-    temperature: float = 0.0   # 0 means greedy
-    top_k: int = 0             # 0 means off
-    top_p: float = 1.0         # 1 means off
-    seed: int | None = None
-
-
-# Below this, top_p keeps only the top token anyway (its runner-up holds at least 1/V of the
-# mass); the floor stops a tiny top_p from rounding to 0 in float32 and dropping every token.
-MIN_TOP_P = 1e-6
-
-
-def sample_token(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator | None) -> torch.Tensor:
-    """Sample from (V,) logits on their device; returns a 0-d int64 tensor (no host sync)."""
-    if cfg.temperature <= 0:
-        return logits.argmax(-1)
-    logits = logits.float() / max(cfg.temperature, 1e-6)  # like the device sampler: 1e-300 must not make inf
-    if cfg.top_k > 0:
-        kth = torch.topk(logits, min(cfg.top_k, logits.shape[-1])).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if cfg.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = sorted_logits.softmax(-1)
-        # Drop a token once the mass before it already reaches top_p; the first always stays.
-        drop = probs.cumsum(-1) - probs >= max(cfg.top_p, MIN_TOP_P)
-        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
-    probs = logits.softmax(-1)
-    return torch.multinomial(probs, 1, generator=gen)[0]
+from model.graph_config import GraphConfig
+from model.graphs import GraphDecoder
+from model.sampling import SamplingConfig, sample_token
 
 
 class Generator:
@@ -68,8 +35,6 @@ class Generator:
     def _make_graphs(self, cfg: GraphConfig | None | str):
         """On CUDA, decode through a captured graph (model/graphs.py); eager if that is off or
         the architecture has no capturable step."""
-        from model.graphs import GraphConfig, GraphDecoder
-
         auto = cfg == "auto"
         if auto:
             cfg = GraphConfig.from_env()

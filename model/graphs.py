@@ -18,88 +18,19 @@ so a greedy token costs one graph launch and an event.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import torch
 
 from kvcache import KVCache
-
-if TYPE_CHECKING:  # generate.py imports this module lazily, so no cycle at run time
-    from model.generate import SamplingConfig
-
-
-@dataclass
-class GraphConfig:
-    fused: bool = True          # Triton kernels; False: the plain PyTorch step inside the graph
-    attn: str = "triton"        # decode attention in the fused step: triton (split-KV) or fa3
-    splits: int = 0             # split-KV programs per KV head for triton attention; 0: by capacity
-    num_splits: int = 1         # FA3's num_splits, pinned: capture and replay must agree
-    lookahead: bool = True      # launch the next step before the host has read the sampled token
-    pdl: bool = True            # programmatic dependent launch between the fused kernels (Hopper+)
-
-    @classmethod
-    def from_env(cls) -> GraphConfig | None:
-        """NANOCHAT_GRAPHS=0 turns graphs off; =torch keeps graphs but not the Triton kernels."""
-        v = os.environ.get("NANOCHAT_GRAPHS", "1").lower()
-        if v in ("0", "off", "eager"):
-            return None
-        return cls(fused=v != "torch", attn=os.environ.get("NANOCHAT_DECODE_ATTN", "triton"))
+from model.families import DecodeStep, family_of
+from model.graph_config import GraphConfig
+from model.kernels import triton_available
+from model.sampling import DeviceSampler, SamplingConfig
 
 
-def build_step(model: torch.nn.Module, cache: KVCache, cfg: GraphConfig):
-    """The capturable decode step for this architecture, or None (then decode stays eager)."""
-    from model.kernels import triton_available
-    from model.llama import Llama
-
-    if isinstance(model, Llama):
-        if cfg.fused and triton_available():
-            from model.kernels.llama_step import LlamaFusedStep
-            return LlamaFusedStep(model, cache, cfg.attn, cfg.splits, cfg.num_splits, cfg.pdl)
-        from model.kernels.torch_step import LlamaTorchStep
-        return LlamaTorchStep(model, cache, cfg.num_splits)
-    from model.nanochat import Nanochat
-
-    if isinstance(model, Nanochat):
-        from model.kernels.nanochat_step import NanochatTorchStep
-        return NanochatTorchStep(model, cache, cfg.num_splits)
-    return None
-
-
-class DeviceSampler:
-    """Greedy, or temperature/top-k/top-p sampling, on the device with settings held in
-    device scalars, so one captured graph serves every setting."""
-
-    def __init__(self, logits: torch.Tensor, out: torch.Tensor):
-        self.logits, self.out = logits, out
-        dev = logits.device
-        self.temperature = torch.ones(1, device=dev)
-        self.top_k = torch.zeros(1, dtype=torch.long, device=dev)
-        self.top_p = torch.ones(1, device=dev)
-        self.ranks = torch.arange(logits.shape[-1], device=dev)
-        self.gen: torch.Generator | None = None
-
-    def set(self, cfg: SamplingConfig) -> None:
-        from model.generate import MIN_TOP_P
-
-        self.temperature.fill_(max(cfg.temperature, 1e-6))
-        self.top_k.fill_(min(cfg.top_k, self.ranks.numel()) if cfg.top_k > 0 else self.ranks.numel())
-        self.top_p.fill_(max(cfg.top_p, MIN_TOP_P) if cfg.top_p < 1.0 else 2.0)  # 2: never drop anything
-
-    def greedy(self) -> None:
-        self.out.copy_(self.logits.argmax(-1, keepdim=True))
-
-    def sample(self) -> None:
-        sorted_l, order = torch.sort(self.logits / self.temperature, descending=True)
-        sorted_l = sorted_l.masked_fill(self.ranks >= self.top_k, float("-inf"))
-        probs = sorted_l.softmax(-1)
-        # Same rule as sample_token: drop a token once the mass before it reaches top_p.
-        sorted_l = sorted_l.masked_fill(probs.cumsum(-1) - probs >= self.top_p, float("-inf"))
-        probs = sorted_l.softmax(-1)
-        # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p with no host sync.
-        noise = torch.empty_like(probs).exponential_(generator=self.gen)
-        self.out.copy_(order.gather(-1, (probs / noise).argmax(-1, keepdim=True)))
+def build_step(model: torch.nn.Module, cache: KVCache, cfg: GraphConfig) -> DecodeStep | None:
+    """The capturable decode step of this model's family, or None (then decode stays eager)."""
+    family = family_of(model)
+    return family.build_step(model, cache, cfg) if family else None
 
 
 class GraphDecoder:
@@ -121,7 +52,6 @@ class GraphDecoder:
         self.picked: tuple[int, torch.cuda.Event] | None = None  # the latest replay's position, done-event
         self.last_tok: int | None = None            # the newest token in the cache
         self.mode: str | None = None
-        from model.kernels import triton_available
         self.picks = triton_available()  # else greedy goes through the sampler graph
         self.host_picks = torch.zeros(cache.capacity + 1, dtype=torch.long).pin_memory()
         self.pdl = getattr(step, "pdl", False)
@@ -152,6 +82,7 @@ class GraphDecoder:
     def _step_and_pick(self) -> None:
         self.step()
         if self.picks:
+            # Lazy: greedy.py imports triton, absent where no kernel runs (self.picks is False there).
             from model.kernels.greedy import greedy_pick
             greedy_pick(self.logits, self.cache.cache_seqlens, self.step.tok, self.host_picks, self.pdl)
 

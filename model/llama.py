@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from kvcache import Attention, KVCache
+from model.layers import RMSNorm, SwiGLU, apply_rotary, rotary_tables
 
 
 @dataclass
@@ -55,32 +55,6 @@ class LlamaConfig:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 like the reference implementations, so bf16 matches them.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
-
-
-def rotary_tables(head_dim: int, max_len: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim))
-    angles = torch.outer(torch.arange(max_len, dtype=torch.float64, device=device), inv_freq)
-    return angles.cos().float(), angles.sin().float()
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half rotary (HF layout). x: (B, T, H, D); cos/sin: (T, D/2)."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
-
-
 class SelfAttention(nn.Module):
     def __init__(self, cfg: LlamaConfig, idx: int):
         super().__init__()
@@ -100,18 +74,6 @@ class SelfAttention(nn.Module):
         return self.o_proj(attn(q, k, v, cache, self.idx).reshape(b, t, -1))
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
-        super().__init__()
-        d, f = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = nn.Linear(d, f, bias=False)
-        self.up_proj = nn.Linear(d, f, bias=False)
-        self.down_proj = nn.Linear(f, d, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class LlamaBlock(nn.Module):
     """Module names mirror Hugging Face's, so their state dicts load with no renaming."""
 
@@ -120,7 +82,7 @@ class LlamaBlock(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = SelfAttention(cfg, idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x, cos, sin, cache: KVCache, attn: Attention) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, attn)
@@ -156,7 +118,7 @@ class Llama(nn.Module):
     def rope(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self._rope is None or self._rope[0].device != device:
             c = self.config
-            self._rope = rotary_tables(c.head_dim, c.max_position_embeddings, c.rope_theta, device)
+            self._rope = rotary_tables(c.head_dim, c.max_position_embeddings, c.rope_theta, device=device)
         return self._rope
 
     def forward(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:

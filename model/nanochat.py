@@ -11,35 +11,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from kvcache import Attention, KVCache
+from model.layers import ReLU2, apply_rotary, rms_norm, rotary_tables
 from model.nanochat_config import NanochatConfig
 
 TOKENS_STATE = "nanochat.token_ids"  # per-position token ids: the smear gate's previous token
-
-
-def norm(x: torch.Tensor) -> torch.Tensor:
-    return F.rms_norm(x, (x.size(-1),))  # no weight, eps from the dtype: as nanochat
-
-
-def rotary_tables(cfg: NanochatConfig, length: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(length, head_dim/2) cos and sin, computed in fp32 the way nanochat does."""
-    channels = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32, device=device)
-    inv_freq = 1.0 / (cfg.rope_base ** (channels / cfg.head_dim))
-    freqs = torch.outer(torch.arange(length, dtype=torch.float32, device=device), inv_freq)
-    cos, sin = freqs.cos(), freqs.sin()
-    if cfg.rope_bf16:  # older generations stored the tables in bf16 whatever the compute dtype
-        cos, sin = cos.bfloat16(), sin.bfloat16()
-    return cos.to(dtype), sin.to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """nanochat's rotation (by -theta, halves layout). x: (B, T, H, D); cos/sin: (T, D/2)."""
-    d = x.shape[-1] // 2
-    x1, x2 = x[..., :d], x[..., d:]
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
-    return torch.cat([x1 * c + x2 * s, x2 * c - x1 * s], dim=-1)
 
 
 class CausalSelfAttention(nn.Module):
@@ -62,32 +39,22 @@ class CausalSelfAttention(nn.Module):
         if ve is not None:  # value residual, gated per head by the first channels of x
             gate = cfg.ve_gate_scale * torch.sigmoid(self.ve_gate(x[..., :cfg.ve_gate_channels]))
             v = v + gate.unsqueeze(-1) * ve.view(b, t, cfg.n_kv_head, hd)
-        q, k = norm(apply_rotary(q, cos, sin)), norm(apply_rotary(k, cos, sin))
+        q, k = rms_norm(apply_rotary(q, cos, sin)), rms_norm(apply_rotary(k, cos, sin))
         if cfg.qk_scale != 1.0:
             q, k = q * cfg.qk_scale, k * cfg.qk_scale
         y = attn(q, k, v, cache, self.layer, causal=True, window_size=window)
         return self.c_proj(y.reshape(b, t, -1))
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: NanochatConfig):
-        super().__init__()
-        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=False)
-        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(F.relu(self.c_fc(x)).square())
-
-
 class Block(nn.Module):
     def __init__(self, cfg: NanochatConfig, layer: int):
         super().__init__()
         self.attn = CausalSelfAttention(cfg, layer)
-        self.mlp = MLP(cfg)
+        self.mlp = ReLU2(cfg.n_embd, 4 * cfg.n_embd)
 
     def forward(self, x, ve, cos, sin, window, cache: KVCache, attn: Attention) -> torch.Tensor:
-        x = x + self.attn(norm(x), ve, cos, sin, window, cache, attn)
-        return x + self.mlp(norm(x))
+        x = x + self.attn(rms_norm(x), ve, cos, sin, window, cache, attn)
+        return x + self.mlp(rms_norm(x))
 
 
 class Nanochat(nn.Module):
@@ -130,8 +97,13 @@ class Nanochat(nn.Module):
         r = self._rope
         if r is None or r[0].shape[0] < length or r[0].device != device or r[0].dtype != dtype:
             # Like nanochat, well past the training length, so a long cache never runs out.
-            size = max(length, 10 * self.config.sequence_len)
-            self._rope = r = rotary_tables(self.config, size, dtype, device)
+            cfg = self.config
+            size = max(length, 10 * cfg.sequence_len)
+            # fp32 angles, as nanochat computes them; its checkpoints rotate by -angle
+            cos, sin = rotary_tables(cfg.head_dim, size, cfg.rope_base, torch.float32, device, reverse=True)
+            if cfg.rope_bf16:  # older generations stored the tables in bf16 whatever the compute dtype
+                cos, sin = cos.bfloat16(), sin.bfloat16()
+            self._rope = r = cos.to(dtype), sin.to(dtype)
         return r
 
     def window(self, layer: int, cache: KVCache) -> tuple[int, int]:
@@ -149,7 +121,7 @@ class Nanochat(nn.Module):
         if pos == 0:
             prev, cur = x[:, :-1], x[:, 1:]
         else:  # the token before this chunk lives in the cache: recompute its embedding
-            first = norm(self.transformer.wte(ids[:, pos - 1:pos]))
+            first = rms_norm(self.transformer.wte(ids[:, pos - 1:pos]))
             prev, cur = torch.cat([first, x[:, :-1]], dim=1), x
         c = self.config.smear_channels
         gate = self.smear_lambda.to(x.dtype) * torch.sigmoid(self.smear_gate(cur[..., :c]))
@@ -160,7 +132,7 @@ class Nanochat(nn.Module):
         cfg, t = self.config, idx.shape[1]
         cache.check_fits(t)  # before anything is written: an overflow leaves the cache as it was
         pos = cache.pos
-        x = norm(self.transformer.wte(idx))
+        x = rms_norm(self.transformer.wte(idx))
         cos, sin = self.rope(pos + t, idx.device, x.dtype)
         cos, sin = cos[pos:pos + t], sin[pos:pos + t]
         if cfg.smear_channels:
@@ -175,6 +147,6 @@ class Nanochat(nn.Module):
                 x_backout = x
         if x_backout is not None:
             x = x - self.backout_lambda.to(x.dtype) * x_backout
-        logits = self.lm_head(norm(x))[..., :cfg.vocab_size].float()
+        logits = self.lm_head(rms_norm(x))[..., :cfg.vocab_size].float()
         cache.advance(t)
         return cfg.softcap * torch.tanh(logits / cfg.softcap)

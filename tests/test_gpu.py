@@ -16,10 +16,11 @@ import torch
 from chatapp.chat.events import Trimmed
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
-from model.generate import Generator, SamplingConfig
-from model.graphs import GraphConfig, build_step
-from model.loading import load_model
-from model.loading.base import LoadOptions
+from model.generate import Generator
+from model.graph_config import GraphConfig
+from model.graphs import build_step
+from model.loading import LoadOptions, load_model
+from model.sampling import SamplingConfig
 
 FIX = Path(__file__).parent / "fixtures" / "nanochat"
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

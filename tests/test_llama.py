@@ -69,8 +69,7 @@ def test_incremental_multiturn_with_rewind_equals_full_forward(tiny):
 
 
 def test_bf16_runs_and_stays_close(tiny):
-    from model.loading import load_model
-    from model.loading.base import LoadOptions
+    from model.loading import LoadOptions, load_model
 
     bf = load_model("random:tiny", LoadOptions(dtype=torch.bfloat16))
     ids = list(range(40, 80))

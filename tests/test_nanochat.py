@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.loading import load_model
-from model.loading.base import LoadOptions
+from model.loading import LoadOptions, load_model
 from model.nanochat import TOKENS_STATE
 from model.nanochat_config import NanochatConfig
 

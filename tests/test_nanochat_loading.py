@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from model.errors import ModelLoadError
-from model.loading import load_model
-from model.loading.base import LoadOptions
+from model.loading import LoadOptions, load_model
 
 FIX = Path(__file__).parent / "fixtures" / "nanochat"
 TOKENIZER = str(FIX / "tokenizer" / "tokenizer.pkl")

@@ -1,8 +1,10 @@
-"""Sampling: greedy, top-k and top-p keep exactly the tokens they should."""
+"""Sampling: greedy, top-k and top-p keep exactly the tokens they should, and the host and the
+device samplers (model/sampling.py) draw the same tokens from the same seed."""
 
+import pytest
 import torch
 
-from model.generate import SamplingConfig, sample_token
+from model.sampling import MIN_TOP_P, DeviceSampler, SamplingConfig, sample_token
 
 
 def draws(logits, cfg, n=400):
@@ -29,3 +31,71 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
 
 def test_full_sampling_reaches_every_token():
     assert draws(LOGITS, SamplingConfig(temperature=1.0), n=2000) == {0, 1, 2, 3, 4}
+
+
+CONFIGS = [
+    SamplingConfig(temperature=0.0),
+    SamplingConfig(temperature=0.0, top_k=3, top_p=0.5),   # greedy ignores the filters
+    SamplingConfig(temperature=1.0),
+    SamplingConfig(temperature=0.7, top_k=50),
+    SamplingConfig(temperature=1.0, top_k=1),
+    SamplingConfig(temperature=1.0, top_k=10**6),          # past the vocabulary: off
+    SamplingConfig(temperature=1.0, top_p=0.9),
+    SamplingConfig(temperature=1.3, top_k=5, top_p=0.5),
+    SamplingConfig(temperature=1.0, top_p=1e-9),           # below the floor: the top token only
+    SamplingConfig(temperature=1.0, top_p=MIN_TOP_P),
+    SamplingConfig(temperature=1e-300, top_k=0),           # floored, not inf
+    SamplingConfig(temperature=5.0, top_k=0, top_p=1.0),
+]
+
+
+def reference(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator) -> int:
+    """The rules written out the plain way (the host sampler before the device one shared its
+    maths): a top-k threshold, a top-p cut over sorted probabilities, torch.multinomial."""
+    if cfg.temperature <= 0:
+        return int(logits.argmax())
+    logits = logits.float() / max(cfg.temperature, 1e-6)
+    if cfg.top_k > 0:
+        kth = torch.topk(logits, min(cfg.top_k, logits.shape[-1])).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs >= max(cfg.top_p, MIN_TOP_P)
+        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    return int(torch.multinomial(logits.softmax(-1), 1, generator=gen)[0])
+
+
+def device_draws(logits: torch.Tensor, cfg: SamplingConfig, seed: int, n: int) -> list[int]:
+    """DeviceSampler's code path, buffers and all, on CPU tensors (the graph only replays it)."""
+    out = torch.zeros(1, dtype=torch.long)
+    sampler = DeviceSampler(logits.clone(), out)
+    sampler.gen = torch.Generator().manual_seed(seed)
+    sampler.set(cfg)
+    picks = []
+    for _ in range(n):
+        sampler.greedy() if cfg.temperature <= 0 else sampler.sample()
+        picks.append(int(out[0]))
+    return picks
+
+
+def host_draws(logits: torch.Tensor, cfg: SamplingConfig, seed: int, n: int, fn=sample_token) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return [int(fn(logits, cfg, g)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"t{c.temperature}-k{c.top_k}-p{c.top_p}")
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_host_and_device_samplers_draw_the_same_tokens(cfg, seed):
+    logits = torch.randn(1000, generator=torch.Generator().manual_seed(100 + seed)) * 3
+    host = host_draws(logits, cfg, seed, 60)
+    assert host == device_draws(logits, cfg, seed, 60)
+    assert host == host_draws(logits, cfg, seed, 60, reference)
+    if cfg.temperature >= 0.7 and cfg.top_k != 1 and cfg.top_p >= 0.9:
+        assert len(set(host)) > 1  # the comparison is of real draws, not of one forced token
+
+
+def test_nan_logits_raise_on_the_host():
+    """A broken model (NaN logits) must fail the turn, not sample a token: the session relies on it."""
+    with pytest.raises(RuntimeError):
+        sample_token(torch.full((10,), float("nan")), SamplingConfig(temperature=1.0), torch.Generator())

@@ -193,8 +193,7 @@ def test_trim_keeps_a_folded_system_prompt(tmp_path):
     there after the oldest exchanges are dropped."""
     from pathlib import Path
 
-    from model.loading import load_model
-    from model.loading.base import LoadOptions
+    from model.loading import LoadOptions, load_model
 
     fx = Path(__file__).parent / "fixtures" / "nanochat"
     lm = load_model(str(fx / "head"), LoadOptions(tokenizer=str(fx / "tokenizer" / "tokenizer.pkl")))

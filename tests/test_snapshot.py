@@ -16,8 +16,7 @@ from chatapp.store.database import ChatStore
 from chatapp.store.keeper import ChatKeeper
 from chatapp.store.snapshots import MAX_SEGMENTS
 from model.llama import LlamaConfig
-from model.loading import load_model
-from model.loading.base import LoadedModel, LoadOptions
+from model.loading import LoadedModel, LoadOptions, load_model
 from model.loading.random import PRESETS, random_llama
 from tests.test_session import assert_invariant, assert_transcript
 

@@ -17,7 +17,7 @@ from chatapp.chat.events import ToolCall, TurnStats, to_json
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from kvcache import Attention
-from model.loading.base import LoadedModel
+from model.loading import LoadedModel
 from model.nanochat import Nanochat
 from model.nanochat_config import NanochatConfig
 from model.safe_pickle import load_encoding

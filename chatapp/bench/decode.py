@@ -12,7 +12,8 @@ import time
 import torch
 
 from kvcache import KVCache
-from model.generate import Generator, SamplingConfig
+from model.generate import Generator
+from model.sampling import SamplingConfig
 
 
 def weight_bytes_per_token(model: torch.nn.Module) -> int:

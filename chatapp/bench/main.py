@@ -24,8 +24,8 @@ from chatapp.bench.turns import multiturn, script_tokens
 from chatapp.launch import check_device
 from model.errors import UserError
 from model.generate import Generator
-from model.graphs import GraphConfig
-from model.loading.base import LoadOptions
+from model.graph_config import GraphConfig
+from model.loading import LoadOptions
 
 GPU_MODELS = "default,random:d20,random:d32,random-nanochat:d20"
 

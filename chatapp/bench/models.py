@@ -8,8 +8,7 @@ import torch
 
 from chatapp.pull.fetch import default_model_dir, is_installed
 from kvcache import Attention
-from model.loading import LoadedModel, load_model
-from model.loading.base import LoadOptions
+from model.loading import LoadedModel, LoadOptions, load_model
 from model.nanochat import Nanochat
 from model.nanochat_config import LATEST, NanochatConfig
 

@@ -24,8 +24,7 @@ from chatapp.chat.session import Exchange, Session
 from chatapp.chat.settings import Settings
 from chatapp.store.database import ChatStore
 from chatapp.store.keeper import ChatKeeper
-from model.loading import LoadedModel, load_model
-from model.loading.base import LoadOptions
+from model.loading import LoadedModel, LoadOptions, load_model
 
 WORDS = ("the cache keeps every token of the chat so a new turn pays only for its own words while "
          "the snapshot on disk brings that cache back after a restart").split()

@@ -19,8 +19,9 @@ from chatapp.chat.events import CacheState, Error, Event, Info, Quit, TextDelta,
 from chatapp.chat.settings import Settings, parse_settings, settings_text
 from chatapp.chat.tools import ToolRunner
 from model.errors import UserError
-from model.generate import Generator, SamplingConfig
+from model.generate import Generator
 from model.loading import LoadedModel
+from model.sampling import SamplingConfig
 
 
 @dataclass

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from model.families import backend_family
 from model.loading import LoadedModel
 from model.tokenizer import Tokenizer
 
@@ -74,13 +75,6 @@ def weights_hash(model: torch.nn.Module) -> str:
         # hashlib releases the GIL on large buffers, so this thread does not stall generation.
         h.update(t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
-
-
-def backend_family(model: torch.nn.Module) -> str:
-    p = next(model.parameters())
-    attn = getattr(model, "attn", None)
-    flash = getattr(attn, "flash", None)
-    return f"{p.device.type}/{flash.name if flash is not None else 'sdpa'}"
 
 
 class Fingerprint:

@@ -8,10 +8,10 @@ is replaced by `cache_seqlens`, so a CUDA graph of this step is valid at any pos
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from kvcache import KVCache
-from model.nanochat import TOKENS_STATE, Nanochat, apply_rotary, norm
+from model.layers import StepAttention, apply_rotary, rms_norm
+from model.nanochat import TOKENS_STATE, Nanochat
 
 
 class NanochatTorchStep:
@@ -24,26 +24,10 @@ class NanochatTorchStep:
         dev = cache.device
         self.tok = torch.zeros(1, dtype=torch.long, device=dev)
         self.logits = torch.zeros(self.cfg.vocab_size, dtype=torch.float32, device=dev)
-        self.seqlens_k = torch.zeros(1, dtype=torch.int32, device=dev)
-        self.key_pos = torch.arange(cache.capacity, device=dev)
         self.windows = [model.window(i, cache) for i in range(self.cfg.n_layer)]
-        flash = model.attn.flash
-        probe = torch.empty(1, 1, 1, 1, device=dev, dtype=cache.dtype)
-        self.flash = flash if flash is not None and flash.can_serve(probe, (-1, -1), 0.0) else None
-        self.num_splits = num_splits
-        self.attn_name = self.flash.name if self.flash else "sdpa"
+        self.attend = StepAttention(model.attn, cache, num_splits)
+        self.attn_name = self.attend.name
         self.rope = model.rope(cache.capacity, dev, cache.dtype)  # long enough for any position
-
-    def _attend(self, q, kc, vc, pos, window: tuple[int, int]) -> torch.Tensor:
-        if self.flash is not None and (window == (-1, -1) or self.flash.windows):
-            return self.flash.fn(q, kc, vc, cache_seqlens=self.seqlens_k, causal=True, window_size=window,
-                                 num_splits=self.num_splits)
-        mask = self.key_pos <= pos
-        if window[0] >= 0:
-            mask = mask & (self.key_pos >= pos - window[0])
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2),
-                                             attn_mask=mask[None, None, None, :], enable_gqa=True)
-        return out.transpose(1, 2)
 
     def _attention(self, i: int, x, ve, cos, sin, pos, posl) -> torch.Tensor:
         a, cfg, hd = self.model.transformer.h[i].attn, self.cfg, self.cfg.head_dim
@@ -53,19 +37,19 @@ class NanochatTorchStep:
         if ve is not None:
             gate = cfg.ve_gate_scale * torch.sigmoid(a.ve_gate(x[..., :cfg.ve_gate_channels]))
             v = v + gate.unsqueeze(-1) * ve.view(1, 1, cfg.n_kv_head, hd)
-        q, k = norm(apply_rotary(q, cos, sin)), norm(apply_rotary(k, cos, sin))
+        q, k = rms_norm(apply_rotary(q, cos, sin)), rms_norm(apply_rotary(k, cos, sin))
         if cfg.qk_scale != 1.0:
             q, k = q * cfg.qk_scale, k * cfg.qk_scale
         kc, vc = self.cache.get_layer_cache(i)
         kc.index_copy_(1, posl, k)
         vc.index_copy_(1, posl, v)
-        return a.c_proj(self._attend(q, kc, vc, pos, self.windows[i]).reshape(1, 1, -1))
+        return a.c_proj(self.attend(q, kc, vc, pos, self.windows[i]).reshape(1, 1, -1))
 
     def _smear(self, idx, x, pos, posl) -> torch.Tensor:
         m, c = self.model, self.cfg.smear_channels
         ids = self.cache.state[TOKENS_STATE]
         ids.index_copy_(1, posl, idx)
-        prev = norm(m.transformer.wte(ids.index_select(1, (posl - 1).clamp(min=0))))
+        prev = rms_norm(m.transformer.wte(ids.index_select(1, (posl - 1).clamp(min=0))))
         gate = m.smear_lambda.to(x.dtype) * torch.sigmoid(m.smear_gate(x[..., :c]))
         return torch.where(pos > 0, x + gate * prev, x)  # the very first token has no previous one
 
@@ -73,9 +57,9 @@ class NanochatTorchStep:
         m, cfg, c = self.model, self.cfg, self.cache
         pos = c.cache_seqlens
         posl = pos.long()
-        torch.add(pos, 1, out=self.seqlens_k)
+        self.attend.start(pos)
         idx = self.tok.view(1, 1)
-        x = norm(m.transformer.wte(idx))
+        x = rms_norm(m.transformer.wte(idx))
         cos, sin = self.rope[0].index_select(0, posl), self.rope[1].index_select(0, posl)
         if cfg.smear_channels:
             x = self._smear(idx, x, pos, posl)
@@ -84,12 +68,12 @@ class NanochatTorchStep:
             if cfg.lambdas:
                 x = m.resid_lambdas[i] * x + m.x0_lambdas[i] * x0
             ve = m.value_embeds[str(i)](idx) if str(i) in m.value_embeds else None
-            x = x + self._attention(i, norm(x), ve, cos, sin, pos, posl)
-            x = x + block.mlp(norm(x))
+            x = x + self._attention(i, rms_norm(x), ve, cos, sin, pos, posl)
+            x = x + block.mlp(rms_norm(x))
             if cfg.backout and i == cfg.n_layer // 2:
                 x_backout = x
         if x_backout is not None:
             x = x - m.backout_lambda.to(x.dtype) * x_backout
-        logits = m.lm_head(norm(x))[0, 0, :cfg.vocab_size].float()
+        logits = m.lm_head(rms_norm(x))[0, 0, :cfg.vocab_size].float()
         self.logits.copy_(cfg.softcap * torch.tanh(logits / cfg.softcap))
         return self.logits

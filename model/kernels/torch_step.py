@@ -9,10 +9,10 @@ a reference the fused Triton step is checked against, on any device.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from kvcache import KVCache
-from model.llama import Llama, apply_rotary
+from model.layers import StepAttention, apply_rotary
+from model.llama import Llama
 
 
 class LlamaTorchStep:
@@ -26,29 +26,14 @@ class LlamaTorchStep:
         dev = cache.device
         self.tok = torch.zeros(1, dtype=torch.long, device=dev)
         self.logits = torch.zeros(model.config.vocab_size, dtype=torch.float32, device=dev)
-        self.seqlens_k = torch.zeros(1, dtype=torch.int32, device=dev)
-        flash = model.attn.flash
-        probe = torch.empty(1, 1, 1, 1, device=dev, dtype=cache.dtype)
-        self.flash = flash if flash is not None and flash.can_serve(probe, (-1, -1), 0.0) else None
-        self.num_splits = num_splits
-        self.key_pos = torch.arange(cache.capacity, device=dev)
-        self.attn_name = self.flash.name if self.flash else "sdpa"
-
-    def _attend(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        if self.flash is not None:
-            return self.flash.fn(q, kc, vc, cache_seqlens=self.seqlens_k, causal=True,
-                                 num_splits=self.num_splits)
-        # Masked over the whole capacity: shapes stay fixed, so a graph can hold it.
-        mask = (self.key_pos <= pos)[None, None, None, :]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2),
-                                             attn_mask=mask, enable_gqa=True)
-        return out.transpose(1, 2)
+        self.attend = StepAttention(model.attn, cache, num_splits)
+        self.attn_name = self.attend.name
 
     def __call__(self) -> torch.Tensor:
         m, c = self.model, self.cache
         pos = c.cache_seqlens
         posl = pos.long()
-        torch.add(pos, 1, out=self.seqlens_k)
+        self.attend.start(pos)
         cos_t, sin_t = m.rope(pos.device)
         cos, sin = cos_t.index_select(0, posl), sin_t.index_select(0, posl)
         x = m.model.embed_tokens(self.tok.view(1, 1))
@@ -61,7 +46,7 @@ class LlamaTorchStep:
             kc, vc = c.get_layer_cache(i)
             kc.index_copy_(1, posl, k)
             vc.index_copy_(1, posl, v)
-            x = x + a.o_proj(self._attend(q, kc, vc, pos).reshape(1, 1, -1))
+            x = x + a.o_proj(self.attend(q, kc, vc, pos).reshape(1, 1, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         self.logits.copy_(m.lm_head(m.model.norm(x))[0, 0])
         return self.logits

@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from model.errors import ModelLoadError
-from model.loading.base import LoadedModel, LoadOptions
 from model.loading.gguf_meta import GGUFFile, hf_config, open_gguf, tokenizer_files
+from model.loading.hf import load_hf_dir
+from model.loading.options import LoadedModel, LoadOptions
 from model.loading.safetensors_out import TensorSpec, write_safetensors
 
 Progress = Callable[[str, float, float], None]   # (stage, done, total)
@@ -70,6 +71,7 @@ def tensor_plan(g: GGUFFile, config: dict) -> list[tuple[TensorSpec, object]]:
 
 
 def dequantize(spec: TensorSpec, t, config: dict) -> np.ndarray:
+    # Lazy, as in gguf_meta.open_gguf: only a .gguf needs the gguf package.
     from gguf import GGMLQuantizationType, quants
 
     kind = t.tensor_type
@@ -198,8 +200,6 @@ def converted_dir(gguf_path: Path) -> Path:
 
 
 def load_gguf(path: Path, opts: LoadOptions) -> LoadedModel:
-    from model.loading.hf import load_hf_dir
-
     path = Path(path)
     target = converted_dir(path)
     created = missing_dirs(target.parent)

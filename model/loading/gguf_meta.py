@@ -29,6 +29,7 @@ class GGUFFile:
 
 
 def open_gguf(path: Path) -> GGUFFile:
+    # Lazy: the gguf package costs ~30 ms to import (more on a cold disk), and only a .gguf needs it.
     from gguf import GGUFReader
 
     if not path.is_file():

@@ -13,12 +13,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from kvcache import Attention
+from model.bpe import tokenizer_from_json
 from model.errors import ModelLoadError
+from model.families import Family, for_architectures
 from model.llama import Llama, LlamaConfig
-from model.loading.base import LoadedModel, LoadOptions
-from model.templates import template_for
-
-LLAMA_ARCHS = {"LlamaForCausalLM", "MistralForCausalLM"}
+from model.loading.options import LoadedModel, LoadOptions
 
 
 def read_json(path: Path) -> dict:
@@ -48,9 +47,11 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-def build_llama(cfg: LlamaConfig, weights: dict[str, torch.Tensor], opts: LoadOptions, where: str) -> Llama:
+def build_model(family: Family, cfg: LlamaConfig, weights: dict[str, torch.Tensor], opts: LoadOptions,
+                where: str) -> Llama:
+    """The family's model with Hugging Face-named weights (Llama's names and tying, for now)."""
     with torch.device("meta"):
-        model = Llama(cfg, Attention(opts.attn))
+        model = family.model(cfg, Attention(opts.attn))
     if cfg.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     expected = {k: v.shape for k, v in model.state_dict().items()}
@@ -76,21 +77,20 @@ def build_llama(cfg: LlamaConfig, weights: dict[str, torch.Tensor], opts: LoadOp
 
 
 def load_hf_dir(path: Path, opts: LoadOptions) -> LoadedModel:
-    from model.bpe import tokenizer_from_json
-
     config = read_json(path / "config.json")
     archs = config.get("architectures") or ["LlamaForCausalLM"]
     archs = {archs} if isinstance(archs, str) else set(map(str, archs)) if isinstance(archs, list) else {str(archs)}
-    if not archs & LLAMA_ARCHS:
+    family = for_architectures(archs)
+    if family is None:
         raise ModelLoadError(f"{path}: unsupported architecture {sorted(archs)[0]} (Llama family only)")
     for key in ("rope_scaling", "attention_bias", "mlp_bias"):
         if config.get(key):
             raise ModelLoadError(f"{path / 'config.json'}: {key} is not supported yet")
     try:
-        cfg = LlamaConfig.from_dict(config)
+        cfg = family.config.from_dict(config)
     except ValueError as e:
         raise ModelLoadError(f"{path / 'config.json'}: {e}") from None
-    model = build_llama(cfg, read_safetensors(path), opts, str(path))
+    model = build_model(family, cfg, read_safetensors(path), opts, str(path))
     tok_config = read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").exists() else {}
     try:
         tok = tokenizer_from_json(path / "tokenizer.json", tok_config)
@@ -103,7 +103,7 @@ def load_hf_dir(path: Path, opts: LoadOptions) -> LoadedModel:
         raise ModelLoadError(f"{path / 'tokenizer_config.json'}: chat_template and nanochat_tui_default_system "
                              "must be strings")
     try:
-        template = template_for(tok, template_src, system)
+        template = family.template(tok, template_src, system)
     except (ValueError, KeyError) as e:
         raise ModelLoadError(f"{path}: {e.args[0]}") from None
     return LoadedModel(model, tok, template, config.get("nanochat_tui_name", path.name), cfg.max_position_embeddings)

@@ -17,8 +17,8 @@ import torch
 
 from kvcache import Attention
 from model.errors import ModelLoadError
-from model.loading.base import LoadedModel, LoadOptions
 from model.loading.nanochat_detect import config_from_checkpoint
+from model.loading.options import LoadedModel, LoadOptions
 from model.nanochat import Nanochat
 from model.safe_pickle import load_encoding
 from model.templates import NanochatFormat

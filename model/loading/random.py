@@ -10,7 +10,7 @@ import torch
 from kvcache import Attention
 from model.errors import ModelLoadError
 from model.llama import Llama, LlamaConfig
-from model.loading.base import LoadedModel, LoadOptions
+from model.loading.options import LoadedModel, LoadOptions
 from model.templates import ChatML
 from model.tokenizer import Tokenizer, byte_level_encoding
 

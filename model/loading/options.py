@@ -1,0 +1,31 @@
+"""What every loader is given (LoadOptions) and returns (LoadedModel)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from model.templates import ChatTemplate
+from model.tokenizer import Tokenizer
+
+
+@dataclass
+class LoadOptions:
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+    attn: str = "auto"
+    step: int | None = None          # nanochat: checkpoint step (default: the last)
+    tokenizer: str | None = None     # nanochat: path to tokenizer.pkl
+    model_tag: str | None = None     # nanochat: e.g. d20
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to chat: `model(ids, cache) -> logits`, `model.new_cache(T)`."""
+
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    template: ChatTemplate
+    name: str
+    context_length: int
