@@ -66,8 +66,12 @@ def sample_token(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator
     temperature, kth, top_p = settings(cfg, logits.shape[-1])
     dev = logits.device
     # torch.full launches a fill with the value as its argument: no copy, so no host sync.
-    probs = probabilities(logits, torch.full((1,), temperature, device=dev),
-                          torch.full((1,), kth, dtype=torch.long, device=dev), torch.full((1,), top_p, device=dev))
+    t = torch.full((1,), temperature, device=dev)
+    if kth == logits.shape[-1] - 1 and top_p == TOP_P_OFF:  # nothing to drop: the same maths without its sort
+        probs = (logits.float() / t).softmax(-1)
+    else:
+        probs = probabilities(logits, t, torch.full((1,), kth, dtype=torch.long, device=dev),
+                              torch.full((1,), top_p, device=dev))
     # multinomial is `race` plus a check of the probabilities on the host (the caller syncs on
     # the token anyway): NaN logits from a broken model raise here instead of picking a token.
     return torch.multinomial(probs, 1, generator=gen)[0]
