@@ -1,7 +1,8 @@
-"""The Llama decode step from fused Triton kernels: five launches a layer, overlapped (PDL).
+"""The Llama-shaped decode step from fused Triton kernels: five launches a layer, overlapped (PDL).
 
-Per layer: norm+QKV+rotary+cache write; split-KV attention (or FA3); merge+o_proj+residual;
-norm+gate/up+SwiGLU; down+residual. The residual stream lives in one static buffer and
+Per layer: norm+QKV(+biases)+rotary+cache write; split-KV attention (or FA3); merge+o_proj+
+residual; norm+gate/up+SwiGLU; down+residual. Per-head q/k norms (Qwen3) take a sixth: the
+plain QKV product, then `head_norm_rope`. The residual stream lives in one static buffer and
 every position comes from `cache_seqlens`, so a CUDA graph of `step()` stays valid for any
 position, across turns, rewinds and resets.
 """
@@ -15,7 +16,7 @@ import torch
 from kvcache import KVCache
 from model.kernels.decode_attention import DecodeAttention
 from model.kernels.gemv import ACT_SWIGLU, gemv_residual, norm_gemv, pdl_supported
-from model.kernels.qkv_rope import norm_qkv_rope
+from model.kernels.qkv_rope import head_norm_rope, norm_qkv_rope
 from model.llama import Llama
 
 
@@ -43,6 +44,9 @@ class _Layer:
     ln2: torch.Tensor
     wgu: torch.Tensor
     wdown: torch.Tensor
+    bqkv: torch.Tensor | None = None    # Qwen2: q/k/v biases, packed like wqkv's rows
+    q_norm: torch.Tensor | None = None  # Qwen3: per-head RMSNorm weights
+    k_norm: torch.Tensor | None = None
 
 
 class LlamaFusedStep:
@@ -60,6 +64,7 @@ class LlamaFusedStep:
         self.tok = torch.zeros(1, dtype=torch.long, device=dev)
         self.x = torch.zeros(cfg.hidden_size, dtype=dt, device=dev)
         self.q = torch.zeros(self.n_head * self.hd, dtype=dt, device=dev)
+        self.qkv = torch.zeros((self.n_head + 2 * self.n_kv) * self.hd, dtype=dt, device=dev)  # q/k-norm path
         self.h = torch.zeros(cfg.intermediate_size, dtype=dt, device=dev)
         self.logits = torch.zeros(cfg.vocab_size, dtype=torch.float32, device=dev)
         self.flash = model.attn.flash if attn == "fa3" else None
@@ -78,9 +83,15 @@ class LlamaFusedStep:
     @staticmethod
     def _layer(layer) -> _Layer:
         a, mlp = layer.self_attn, layer.mlp
-        return _Layer(layer.input_layernorm.weight, pack_rows([a.q_proj, a.k_proj, a.v_proj]),
-                      a.o_proj.weight, layer.post_attention_layernorm.weight,
-                      pack_rows([mlp.gate_proj, mlp.up_proj]), mlp.down_proj.weight)
+        qkv = [a.q_proj, a.k_proj, a.v_proj]
+        bias = torch.cat([lin.bias.detach() for lin in qkv]) if a.q_proj.bias is not None else None
+        q_norm, k_norm = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+        if bias is not None and q_norm is not None:
+            raise RuntimeError("fused step: q/k/v biases and per-head q/k norms together are not fused")
+        return _Layer(layer.input_layernorm.weight, pack_rows(qkv), a.o_proj.weight,
+                      layer.post_attention_layernorm.weight, pack_rows([mlp.gate_proj, mlp.up_proj]),
+                      mlp.down_proj.weight, bias, q_norm.weight if q_norm is not None else None,
+                      k_norm.weight if k_norm is not None else None)
 
     def _attention(self, i: int, pos: torch.Tensor) -> None:
         kc, vc = self.cache.k_cache[i, 0], self.cache.v_cache[i, 0]
@@ -100,8 +111,13 @@ class LlamaFusedStep:
         torch.index_select(m.model.embed_tokens.weight, 0, self.tok, out=self.x.view(1, -1))
         for i, L in enumerate(self.layers):
             kc, vc = c.k_cache[i, 0], c.v_cache[i, 0]
-            norm_qkv_rope(self.x, L.ln1, L.wqkv, self.cos, self.sin, pos, self.q, kc, vc,
-                          self.n_head, self.n_kv, self.eps, pdl=self.pdl)
+            if L.q_norm is None:
+                norm_qkv_rope(self.x, L.ln1, L.wqkv, self.cos, self.sin, pos, self.q, kc, vc,
+                              self.n_head, self.n_kv, self.eps, pdl=self.pdl, bias=L.bqkv)
+            else:
+                norm_gemv(self.x, L.ln1, L.wqkv, self.qkv, self.eps, pdl=self.pdl)
+                head_norm_rope(self.qkv, L.q_norm, L.k_norm, self.cos, self.sin, pos, self.q, kc, vc,
+                               self.n_head, self.n_kv, self.eps, pdl=self.pdl)
             self._attention(i, pos)
             norm_gemv(self.x, L.ln2, L.wgu, self.h, self.eps, ACT_SWIGLU, self.pdl)
             gemv_residual(L.wdown, self.h, self.x, self.pdl)
