@@ -8,7 +8,7 @@ one entry in FAMILIES; docs/families.md says how to add one.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -50,11 +50,15 @@ class Family:
     build_step: Callable[[torch.nn.Module, KVCache, GraphConfig], DecodeStep]
     template: Callable[[Tokenizer, str | None, str], ChatTemplate]  # (tokenizer, chat template source, system)
     hf_architectures: frozenset[str] = frozenset()  # config.json "architectures" that load as this family
+    # Config fields an architecture implies whatever its config.json says (Qwen2's q/k/v biases).
+    fixed_config: dict[str, object] = field(default_factory=dict)
     backend_family: Callable[[torch.nn.Module], str] = attention_backend
 
 
 def llama_step(model: Llama, cache: KVCache, cfg: GraphConfig) -> DecodeStep:
-    if cfg.fused and triton_available():
+    c = model.config
+    # The fused kernels run the plain Llama shape only: biases and qk-norm take the torch step.
+    if cfg.fused and triton_available() and not (c.attention_bias or c.qk_norm):
         # Lazy: the fused step imports triton, which CPU-only runs never need to load.
         from model.kernels.llama_step import LlamaFusedStep
         return LlamaFusedStep(model, cache, cfg.attn, cfg.splits, cfg.num_splits, cfg.pdl)
@@ -72,6 +76,12 @@ def nanochat_template(tok: Tokenizer, chat_template: str | None = None, default_
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("llama", Llama, LlamaConfig, llama_step, template_for,
            hf_architectures=frozenset({"LlamaForCausalLM", "MistralForCausalLM"})),
+    # Qwen2 and Qwen3 are the Llama module with a flag each (model/llama.py); family_of() finds
+    # "llama" for all three, whose step and identity suit them all.
+    Family("qwen2", Llama, LlamaConfig, llama_step, template_for,
+           hf_architectures=frozenset({"Qwen2ForCausalLM"}), fixed_config={"attention_bias": True}),
+    Family("qwen3", Llama, LlamaConfig, llama_step, template_for,
+           hf_architectures=frozenset({"Qwen3ForCausalLM"}), fixed_config={"qk_norm": True}),
     Family("nanochat", Nanochat, NanochatConfig, nanochat_step, nanochat_template),
 )}
 

@@ -18,6 +18,9 @@ load with no renaming.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -46,13 +49,37 @@ def rms_norm(x: torch.Tensor) -> torch.Tensor:
 
 
 def rotary_tables(head_dim: int, length: int, theta: float, dtype: torch.dtype = torch.float64,
-                  device=None, reverse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  device=None, reverse: bool = False,
+                  freq_factors: Sequence[float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 (length, head_dim/2) cos and sin, the angles computed in `dtype`: float64 gives
-    exact tables (Llama), float32 nanochat's own. `reverse`: for rotation by -angle."""
+    exact tables (Llama), float32 nanochat's own. `reverse`: for rotation by -angle.
+    `freq_factors`: one divisor per inverse frequency (Llama 3.x scaling, see
+    `llama3_freq_factors`; llama.cpp's `rope_freqs` tensor holds the same numbers)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=dtype, device=device) / head_dim))
+    if freq_factors is not None:
+        inv_freq = inv_freq / torch.tensor(freq_factors, dtype=dtype, device=device)
     angles = torch.outer(torch.arange(length, dtype=dtype, device=device), inv_freq)
     cos, sin = angles.cos().float(), angles.sin().float()
     return (cos, -sin) if reverse else (cos, sin)
+
+
+def llama3_freq_factors(head_dim: int, theta: float, factor: float, low_freq_factor: float,
+                        high_freq_factor: float, original_max_position_embeddings: int) -> list[float]:
+    """Llama 3.x rotary scaling as divisors of the inverse frequencies: wavelengths shorter
+    than original/high_freq_factor keep theirs (1), longer than original/low_freq_factor are
+    stretched by `factor`, and those between blend the two linearly in 1/wavelength."""
+    orig, low, high = original_max_position_embeddings, low_freq_factor, high_freq_factor
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / head_dim)
+        if wavelen < orig / high:
+            out.append(1.0)
+        elif wavelen > orig / low:
+            out.append(float(factor))
+        else:
+            smooth = (orig / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return out
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -39,4 +39,6 @@ def test_backend_family_keeps_the_strings_snapshots_are_keyed_by():
 
 def test_hugging_face_architectures_name_one_family():
     assert for_architectures({"MistralForCausalLM"}) is FAMILIES["llama"]
+    assert for_architectures({"Qwen2ForCausalLM"}) is FAMILIES["qwen2"]
+    assert for_architectures({"Qwen3ForCausalLM"}) is FAMILIES["qwen3"]
     assert for_architectures({"GPT2LMHeadModel"}) is None

@@ -61,8 +61,8 @@ def test_unsupported_configs_are_one_line_errors(hf_dir, tmp_path):
     for name in ("tokenizer.json", "tokenizer_config.json", "model.safetensors"):
         (tmp_path / name).write_bytes((d / name).read_bytes())
     cfg = json.loads((d / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {"rope_type": "llama3"}}))
-    with pytest.raises(ModelLoadError, match="rope_scaling is not supported"):
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}))
+    with pytest.raises(ModelLoadError, match="rope_scaling.rope_type 'dynamic' is not supported"):
         load_model(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "architectures": ["GPT2LMHeadModel"]}))
     with pytest.raises(ModelLoadError, match="unsupported architecture GPT2LMHeadModel"):

@@ -12,7 +12,9 @@ import torch
 
 from model.kernels.nanochat_step import NanochatTorchStep
 from model.kernels.torch_step import LlamaTorchStep
+from model.llama import LlamaConfig
 from model.loading import LoadOptions, load_model
+from model.loading.random import PRESETS, random_llama
 
 FIX = Path(__file__).parent / "fixtures" / "nanochat"
 NANOCHAT = ["oct2025", "jan2026", "mar2026a", "head"]
@@ -38,6 +40,22 @@ def step_vs_eager(model, step_cls, prompt: int = 9, tokens=(5, 17, 3)) -> float:
 
 def test_llama_torch_step_equals_eager():
     assert step_vs_eager(load_model("random:tiny").model, LlamaTorchStep) < 1e-4
+
+
+@pytest.mark.parametrize("extra", [
+    dict(attention_bias=True),                                     # Qwen2
+    dict(qk_norm=True, head_dim=32, tie_word_embeddings=False),    # Qwen3: head_dim != hidden / heads
+    dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 16}),  # Llama 3.x
+], ids=["biases", "qk-norm-head-dim-untied", "llama3-rope"])
+def test_llama_shapes_torch_step_equals_eager(extra):
+    cfg = LlamaConfig(**{**PRESETS["tiny"], **extra})
+    model = random_llama(cfg, LoadOptions())
+    with torch.no_grad():   # the random preset leaves biases and norms plain: make them count
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "q_norm" in name or "k_norm" in name:
+                p.normal_(1.0 if "norm" in name else 0.0, 0.5)
+    assert step_vs_eager(model, LlamaTorchStep) < 1e-4
 
 
 @pytest.mark.parametrize("name", NANOCHAT)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from kvcache import KVCache
-from model.layers import StepAttention, apply_rotary
+from model.layers import StepAttention
 from model.llama import Llama
 
 
@@ -40,9 +40,7 @@ class LlamaTorchStep:
         for i, layer in enumerate(m.model.layers):
             a = layer.self_attn
             h = layer.input_layernorm(x)
-            q = apply_rotary(a.q_proj(h).view(1, 1, a.n_head, a.hd), cos, sin)
-            k = apply_rotary(a.k_proj(h).view(1, 1, a.n_kv, a.hd), cos, sin)
-            v = a.v_proj(h).view(1, 1, a.n_kv, a.hd)
+            q, k, v = a.qkv(h, cos, sin)  # the eager projections: biases and qk-norm included
             kc, vc = c.get_layer_cache(i)
             kc.index_copy_(1, posl, k)
             vc.index_copy_(1, posl, v)

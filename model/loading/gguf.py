@@ -1,7 +1,8 @@
-"""Llama-architecture GGUF files, converted once into the canonical model directory.
+"""Llama, Qwen2 and Qwen3 GGUF files, converted once into the canonical model directory.
 
 `convert_gguf` dequantizes every tensor with the `gguf` package, renames it to Hugging Face's
-naming, undoes llama.cpp's Q/K row permutation, and writes config.json, model.safetensors,
+naming, undoes llama.cpp's Q/K row permutation (its converter permutes `llama` only), turns a
+`rope_freqs` tensor (Llama 3.x scaling) into config.json's rope_freq_factors, and writes config.json, model.safetensors,
 tokenizer.json and tokenizer_config.json. `load_gguf` converts into the cache on first use and
 then loads the directory like any other, memory-mapped.
 """
@@ -30,7 +31,7 @@ CONVERTER_VERSION = "1"   # bump when the output of convert_gguf changes: cached
 LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
 TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -38,14 +39,25 @@ TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weig
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 
 
+BIASED = ("attn_q", "attn_k", "attn_v")   # Qwen2's; a bias elsewhere is a model we cannot run
+ROPE_FREQS = "rope_freqs.weight"
+
+
 def hf_name(name: str, where: str) -> str:
     if name in TOP_NAMES:
         return TOP_NAMES[name]
-    blk, n, part, weight = (name.split(".") + ["", "", "", ""])[:4]
-    if blk == "blk" and n.isdigit() and part in LAYER_NAMES and weight == "weight" and name.count(".") == 3:
-        return f"model.layers.{n}.{LAYER_NAMES[part]}.weight"
-    raise ModelLoadError(f"{where}: unexpected tensor {name!r} (not a plain Llama GGUF; rope scaling and "
-                         "biases are not supported)")
+    blk, n, part, kind = (name.split(".") + ["", "", "", ""])[:4]
+    if (blk == "blk" and n.isdigit() and part in LAYER_NAMES and name.count(".") == 3
+            and (kind == "weight" or (kind == "bias" and part in BIASED))):
+        return f"model.layers.{n}.{LAYER_NAMES[part]}.{kind}"
+    raise ModelLoadError(f"{where}: unexpected tensor {name!r} (supported: Llama, Qwen2 and Qwen3 tensors)")
+
+
+def rope_freq_factors(t, where: str) -> list[float]:
+    """llama.cpp's rope_freqs: one F32 divisor per rotary frequency (Llama 3.x scaling)."""
+    if t.tensor_type.name != "F32":
+        raise ModelLoadError(f"{where}: {ROPE_FREQS} has type {t.tensor_type.name}, expected F32")
+    return [float(x) for x in np.asarray(t.data, dtype=np.float32).ravel()]
 
 
 def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -57,9 +69,13 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def tensor_plan(g: GGUFFile, config: dict) -> list[tuple[TensorSpec, object]]:
-    """What to write, in file order: (spec, the GGUF tensor it comes from)."""
+    """What to write, in file order: (spec, the GGUF tensor it comes from). A rope_freqs tensor
+    goes into `config` instead."""
     plan = []
     for t in g.reader.tensors:
+        if t.name == ROPE_FREQS:   # not a weight: config.json carries it
+            config["rope_freq_factors"] = rope_freq_factors(t, str(g.path))
+            continue
         if t.tensor_type.name not in SUPPORTED_TYPES:
             raise ModelLoadError(f"{g.path}: tensor {t.name} has type {t.tensor_type.name}; supported types: "
                                  f"{', '.join(SUPPORTED_TYPES)} (re-quantize the file, e.g. to Q8_0 or Q4_K)")
@@ -82,6 +98,8 @@ def dequantize(spec: TensorSpec, t, config: dict) -> np.ndarray:
     else:
         w = quants.dequantize(t.data, kind).astype(np.float32, copy=False)
     w = w.reshape(spec.shape)
+    if config["model_type"] != "llama":   # llama.cpp permutes Q/K rows for its llama architecture only
+        return w
     if spec.name.endswith("self_attn.q_proj.weight"):
         w = unpermute(w, config["num_attention_heads"])
     elif spec.name.endswith("self_attn.k_proj.weight"):
@@ -90,7 +108,7 @@ def dequantize(spec: TensorSpec, t, config: dict) -> np.ndarray:
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = None, name: str | None = None) -> Path:
-    """Write the canonical model directory for a Llama GGUF into `out_dir` (created)."""
+    """Write the canonical model directory for a GGUF file into `out_dir` (created)."""
     if progress:
         progress("read", 0, 1)   # GGUFReader takes seconds on a large vocabulary: say so first
     g = open_gguf(Path(gguf_path))

@@ -12,6 +12,10 @@ from model.bpe import make_tokenizer, tokenizer_json, vocab_from_gguf
 from model.errors import ModelLoadError
 from model.llama import LlamaConfig
 
+# GGUF general.architecture -> the Hugging Face architecture it converts to. Their metadata
+# keys share one layout under the architecture's prefix (llama.cpp's convert_hf_to_gguf.py).
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
 
 @dataclass
 class GGUFFile:
@@ -21,6 +25,10 @@ class GGUFFile:
 
     def get(self, key: str, default=None):
         return self.meta.get(key, default)
+
+    @property
+    def arch(self) -> str:
+        return self.meta["general.architecture"]
 
     def need(self, key: str):
         if key not in self.meta:
@@ -40,9 +48,9 @@ def open_gguf(path: Path) -> GGUFFile:
     except (ValueError, IndexError, KeyError, OSError, UnicodeDecodeError, OverflowError) as e:
         raise ModelLoadError(f"{path}: not a readable GGUF file, truncated or corrupt ({e})") from None
     arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise ModelLoadError(f"{path}: GGUF architecture {arch!r} is not supported (only 'llama': "
-                             "Llama, SmolLM2, Mistral-style models)")
+    if arch not in ARCHITECTURES:
+        raise ModelLoadError(f"{path}: GGUF architecture {arch!r} is not supported (supported: "
+                             f"{', '.join(ARCHITECTURES)})")
     return GGUFFile(path, reader, meta)
 
 
@@ -54,29 +62,41 @@ def _f32(g: GGUFFile, key: str, default: float | None = None) -> float:
     return float(str(np.float32(x)))
 
 
+def refuse_unsupported(g: GGUFFile) -> None:
+    """One-line errors naming the metadata key for what the Llama-shaped module cannot run."""
+    a = g.arch
+    scaling = g.get(f"{a}.rope.scaling.type", "none")
+    if scaling not in ("none", None):   # llama3 scaling comes as a rope_freqs tensor, not this key
+        raise ModelLoadError(f"{g.path}: {a}.rope.scaling.type {scaling!r} is not supported")
+    for key, why in ((f"{a}.expert_count", "mixture-of-experts models are not supported"),
+                     (f"{a}.attention.sliding_window", "sliding-window attention is not supported")):
+        if g.get(key):
+            raise ModelLoadError(f"{g.path}: {key} {g.get(key)!r}: {why}")
+
+
 def hf_config(g: GGUFFile, name: str) -> dict:
-    """config.json (Hugging Face LlamaConfig keys) from `llama.*` metadata."""
-    heads = g.need("llama.attention.head_count")
-    kv = g.get("llama.attention.head_count_kv", heads)
+    """config.json (Hugging Face keys) from the `<arch>.*` metadata."""
+    a = g.arch
+    refuse_unsupported(g)
+    heads = g.need(f"{a}.attention.head_count")
+    kv = g.get(f"{a}.attention.head_count_kv", heads)
     if not isinstance(heads, int) or not isinstance(kv, int):
         raise ModelLoadError(f"{g.path}: per-layer head counts are not supported")
-    hidden = g.need("llama.embedding_length")
+    hidden = g.need(f"{a}.embedding_length")
     if type(hidden) is not int or heads < 1 or hidden < heads:
-        raise ModelLoadError(f"{g.path}: llama.embedding_length {hidden!r} and llama.attention.head_count "
+        raise ModelLoadError(f"{g.path}: {a}.embedding_length {hidden!r} and {a}.attention.head_count "
                              f"{heads} do not make a model")
-    head_dim = g.get("llama.attention.key_length", hidden // heads)
-    if g.get("llama.rope.dimension_count", head_dim) != head_dim:
+    head_dim = g.get(f"{a}.attention.key_length", hidden // heads)
+    if g.get(f"{a}.rope.dimension_count", head_dim) != head_dim:
         raise ModelLoadError(f"{g.path}: partial rotary (rope.dimension_count != head dim) is not supported")
-    if g.get("llama.rope.scaling.type", "none") not in ("none", None):
-        raise ModelLoadError(f"{g.path}: rope scaling {g.get('llama.rope.scaling.type')!r} is not supported")
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": hidden, "intermediate_size": g.need("llama.feed_forward_length"),
-        "num_hidden_layers": g.need("llama.block_count"), "num_attention_heads": heads,
+        "architectures": [ARCHITECTURES[a]], "model_type": a,
+        "hidden_size": hidden, "intermediate_size": g.need(f"{a}.feed_forward_length"),
+        "num_hidden_layers": g.need(f"{a}.block_count"), "num_attention_heads": heads,
         "num_key_value_heads": kv, "head_dim": head_dim,
-        "rms_norm_eps": _f32(g, "llama.attention.layer_norm_rms_epsilon"),
-        "rope_theta": _f32(g, "llama.rope.freq_base", 10000.0),
-        "max_position_embeddings": g.get("llama.context_length", 2048),
+        "rms_norm_eps": _f32(g, f"{a}.attention.layer_norm_rms_epsilon"),
+        "rope_theta": _f32(g, f"{a}.rope.freq_base", 10000.0),
+        "max_position_embeddings": g.get(f"{a}.context_length", 2048),
         "torch_dtype": "float32", "nanochat_tui_name": name,
     }
     try:
@@ -118,7 +138,7 @@ def tokenizer_files(g: GGUFFile) -> tuple[dict, dict]:
         "bos_token": bos, "eos_token": eos, "unk_token": token("tokenizer.ggml.unknown_token_id"),
         "pad_token": token("tokenizer.ggml.padding_token_id"),
         "add_bos_token": bool(g.get("tokenizer.ggml.add_bos_token", False)),
-        "model_max_length": g.get("llama.context_length", 2048),
+        "model_max_length": g.get(f"{g.arch}.context_length", 2048),
         "chat_template": template, "nanochat_tui_default_system": default_system(template),
         "tokenizer_class": "GPT2Tokenizer",
     }

@@ -15,7 +15,7 @@ from safetensors import SafetensorError, safe_open
 from kvcache import Attention
 from model.bpe import tokenizer_from_json
 from model.errors import ModelLoadError
-from model.families import Family, for_architectures
+from model.families import FAMILIES, Family, for_architectures
 from model.llama import Llama, LlamaConfig
 from model.loading.options import LoadedModel, LoadOptions
 
@@ -49,7 +49,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 def build_model(family: Family, cfg: LlamaConfig, weights: dict[str, torch.Tensor], opts: LoadOptions,
                 where: str) -> Llama:
-    """The family's model with Hugging Face-named weights (Llama's names and tying, for now)."""
+    """The family's model with Hugging Face-named weights (Llama-shaped names and tying)."""
     with torch.device("meta"):
         model = family.model(cfg, Attention(opts.attn))
     if cfg.tie_word_embeddings:
@@ -82,12 +82,10 @@ def load_hf_dir(path: Path, opts: LoadOptions) -> LoadedModel:
     archs = {archs} if isinstance(archs, str) else set(map(str, archs)) if isinstance(archs, list) else {str(archs)}
     family = for_architectures(archs)
     if family is None:
-        raise ModelLoadError(f"{path}: unsupported architecture {sorted(archs)[0]} (Llama family only)")
-    for key in ("rope_scaling", "attention_bias", "mlp_bias"):
-        if config.get(key):
-            raise ModelLoadError(f"{path / 'config.json'}: {key} is not supported yet")
+        raise ModelLoadError(f"{path}: unsupported architecture {sorted(archs)[0]} (supported: "
+                             f"{', '.join(sorted(a for f in FAMILIES.values() for a in f.hf_architectures))})")
     try:
-        cfg = family.config.from_dict(config)
+        cfg = family.config.from_dict(config, **family.fixed_config)
     except ValueError as e:
         raise ModelLoadError(f"{path / 'config.json'}: {e}") from None
     model = build_model(family, cfg, read_safetensors(path), opts, str(path))
