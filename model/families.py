@@ -57,8 +57,8 @@ class Family:
 
 def llama_step(model: Llama, cache: KVCache, cfg: GraphConfig) -> DecodeStep:
     c = model.config
-    # The fused kernels run the plain Llama shape only: biases and qk-norm take the torch step.
-    if cfg.fused and triton_available() and not (c.attention_bias or c.qk_norm):
+    # The fused kernels serve q/k/v biases (Qwen2) or per-head q/k norms (Qwen3), not both at once.
+    if cfg.fused and triton_available() and not (c.attention_bias and c.qk_norm):
         # Lazy: the fused step imports triton, which CPU-only runs never need to load.
         from model.kernels.llama_step import LlamaFusedStep
         return LlamaFusedStep(model, cache, cfg.attn, cfg.splits, cfg.num_splits, cfg.pdl)

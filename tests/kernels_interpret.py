@@ -16,8 +16,12 @@ from model.kernels.llama_step import LlamaFusedStep  # noqa: E402
 from model.loading import load_model  # noqa: E402
 
 
-def main(prompts: list[int]) -> None:
-    m = load_model("random:tiny").model
+def main(prompts: list[int], spec: str = "random:tiny") -> None:
+    m = load_model(spec).model
+    with torch.no_grad():  # norms off 1.0, so a weight applied to the wrong head or kind shows
+        for name, p in m.named_parameters():
+            if "norm" in name:
+                p.mul_(1 + 0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
     rows = []
     with torch.inference_mode():
         for n in prompts:
@@ -105,5 +109,7 @@ if __name__ == "__main__":
         attention_edges()
     elif sys.argv[1:] == ["greedy"]:
         greedy_cases()
+    elif sys.argv[1] == "--model":
+        main([int(a) for a in sys.argv[3:]], sys.argv[2])
     else:
         main([int(a) for a in sys.argv[1:]])

@@ -31,6 +31,20 @@ def test_fused_step_in_the_interpreter_matches_eager():
     assert all(r["cache_max_diff"] < 1e-5 for r in rows if "cache_max_diff" in r)
 
 
+@pytest.mark.parametrize("spec", ["random:tiny-qwen2", "random:tiny-qwen3"])
+def test_fused_step_with_biases_or_head_norms_matches_eager(spec):
+    """Qwen2's q/k/v biases inside norm_qkv_rope; Qwen3's per-head q/k RMSNorm (head_dim 32
+    against hidden/heads of 16, untied head) through norm_gemv + head_norm_rope."""
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "kernels_interpret.py"), "--model", spec, "20", "150"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [r["prompt"] for r in rows] == [20, 20, 150, 150]
+    for r in rows:
+        assert r["rel_err"] < 1e-5 and r["argmax_equal"], r
+    assert all(r["cache_max_diff"] < 1e-5 for r in rows if "cache_max_diff" in r)
+
+
 def test_decode_attention_at_the_key_block_edges():
     """Split-KV attention alone against a float64 softmax wherever the newest key starts,
     ends or sits alone in a block or a split, with 64- and 128-key blocks and 1-24 live

@@ -32,6 +32,24 @@ PRESETS: dict[str, dict] = {
     "d32": dict(vocab_size=32768, hidden_size=2048, intermediate_size=8192, num_hidden_layers=32,
                 num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=8192,
                 tie_word_embeddings=False),
+    # The Llama-shaped families' real shapes (Qwen3-0.6B, Qwen2.5-0.5B, Llama-3.2-1B), random weights.
+    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                       rope_theta=1000000.0, rms_norm_eps=1e-6, qk_norm=True),
+    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                         rope_theta=1000000.0, rms_norm_eps=1e-6, attention_bias=True),
+    "llama3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+                        rope_theta=500000.0, rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                                                                high_freq_factor=4.0,
+                                                                original_max_position_embeddings=8192)),
+    # Tiny versions of the same, fast on a CPU: the kernels' interpreter tests.
+    "tiny-qwen2": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, attention_bias=True),
+    "tiny-qwen3": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, qk_norm=True,
+                       tie_word_embeddings=False),
 }
 
 
