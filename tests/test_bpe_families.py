@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from test_bpe import LLAMA3_SPLIT, corpus
 from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from model.bpe import BPETokenizer, make_tokenizer, tokenizer_from_json, vocab_from_tokenizer_json
+from model.bpe import BPETokenizer, make_tokenizer, tokenizer_from_json, vocab_from_gguf, vocab_from_tokenizer_json
 from model.errors import ModelLoadError
 from model.loading.gguf_meta import open_gguf, tokenizer_files
 from model.pretokenizers import SMOLLM_PATTERN
@@ -126,21 +126,26 @@ def write_gguf(path: Path, data: dict, pre: str) -> None:
     w.close()
 
 
-def load_via_gguf(name: str, d: Path) -> tuple[BPETokenizer, dict]:
-    """Ours from a GGUF, the way the app loads one: metadata -> tokenizer.json -> tokenizer."""
+def load_via_gguf(name: str, d: Path) -> tuple[BPETokenizer, dict, BPETokenizer]:
+    """Ours from a GGUF, the way the app loads one (metadata -> tokenizer.json -> tokenizer),
+    the tokenizer.json written, and ours straight from the metadata."""
     write_gguf(d / f"{name}.gguf", json.loads(reference_json(name)), FAMILIES[name].gguf_pre)
-    written, config = tokenizer_files(open_gguf(d / f"{name}.gguf"))
+    g = open_gguf(d / f"{name}.gguf")
+    written, config = tokenizer_files(g)
     (d / "tokenizer.json").write_text(json.dumps(written), encoding="utf-8")
-    return tokenizer_from_json(d / "tokenizer.json", config), written
+    direct = make_tokenizer(vocab_from_gguf({k: v for k, v in g.meta.items() if k.startswith("tokenizer.")}, "x.gguf"),
+                            None, None)
+    return tokenizer_from_json(d / "tokenizer.json", config), written, direct
 
 
-@pytest.fixture(scope="module", params=[(n, s) for n in sorted(FAMILIES) for s in ("json", "gguf")],
+@pytest.fixture(scope="module", params=[(n, s) for n in sorted(FAMILIES) for s in ("json", "gguf", "gguf-meta")],
                 ids=lambda p: "-".join(p))
 def loaded(request, tmp_path_factory):
     name, source = request.param
     d = tmp_path_factory.mktemp(f"{name}-{source}")
-    if source == "gguf":
-        return name, load_via_gguf(name, d)[0]
+    if source != "json":
+        via_json, _, direct = load_via_gguf(name, d)
+        return name, via_json if source == "gguf" else direct
     (d / "tokenizer.json").write_text(reference_json(name), encoding="utf-8")
     return name, tokenizer_from_json(d / "tokenizer.json", {})
 
@@ -172,7 +177,7 @@ def test_ids_equal_tokenizers_on_random_text(name, text):
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_written_tokenizer_json_means_the_same(name, tmp_path):
-    ours, written = load_via_gguf(name, tmp_path)
+    _, written, _ = load_via_gguf(name, tmp_path)
     again = Tokenizer.from_str(json.dumps(written))
     again.encode_special_tokens = True
     ref = reference(name)
@@ -243,3 +248,19 @@ def test_unknown_gguf_pre_is_a_one_line_error(tmp_path):
     with pytest.raises(ModelLoadError, match="pre-tokenizer 'qwen35' is not supported") as e:
         tokenizer_files(open_gguf(tmp_path / "x.gguf"))
     assert "\n" not in str(e.value) and "x.gguf" in str(e.value)
+
+
+def test_a_special_token_hides_the_added_tokens_it_overlaps():
+    # tokenizers finds added tokens leftmost-longest among all of them, then leaves special
+    # ones as text: in "<|a|>x" the special token hides "a|>x", in "<|a|>a|>x" it does not.
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    ref = Tokenizer(models.BPE({c: i for i, c in enumerate(alphabet)}, []))
+    ref.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    ref.add_special_tokens([AddedToken("<|a|>", special=True, normalized=False)])
+    ref.add_tokens([AddedToken("a|>x", special=False, normalized=False)])
+    ref.encode_special_tokens = True
+    v = vocab_from_tokenizer_json(json.loads(ref.to_str()), "t/tokenizer.json")
+    ours = make_tokenizer(v, None, None)
+    for text in ["<|a|>x", "<|ax", "a|>x<|a|>", "<|a|>a|>x"]:
+        assert ours.encode(text) == ref_ids(ref, text), text
+    assert ours.token("a|>x") in ours.encode("<|a|>a|>x") and ours.token("a|>x") not in ours.encode("<|a|>x")
