@@ -14,40 +14,43 @@ would need one with U+FFFD, visibly, because the model has no embedding for thos
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 import tiktoken
 
 from model.errors import ModelLoadError
-from model.tokenizer import GPT2_PATTERN, Tokenizer
-
-# SmolLM2's pre-tokenizer: Digits(individual_digits) then ByteLevel's GPT-2 regex, folded into
-# one regex. Digits become their own pieces, so the GPT-2 ` ?\p{N}+` branch can never match,
-# and `\s+(?!\S)` must treat a digit as the end of a piece (it is one, after the digit split).
-SMOLLM_PATTERN = (r"\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+"
-                  r"|\s+(?![^\s\p{N}])|\s+")
-
-_BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-# GGUF `tokenizer.ggml.pre` name -> (regex, the tokenizer.json pre_tokenizer that means the same)
-PRE_TOKENIZERS: dict[str, tuple[str, dict]] = {
-    "gpt-2": (GPT2_PATTERN, _BYTE_LEVEL),
-    "smollm": (SMOLLM_PATTERN, {"type": "Sequence", "pretokenizers": [
-        {"type": "Digits", "individual_digits": True}, _BYTE_LEVEL]}),
-}
+from model.pretokenizers import (
+    NORMALIZERS,
+    PRE_TOKENIZERS,
+    Added,
+    AddedMatcher,
+    added_from_json,
+    check_decoder,
+    normalizer_from_json,
+    pattern_from_pre_tokenizer,
+)
+from model.tokenizer import Tokenizer
 
 
 @dataclass
 class BPEVocab:
     """A byte-level BPE vocabulary. `tokens[i]` is id i in GPT-2's byte-to-unicode alphabet
-    (specials as plain text); `special` maps the specials' text to their ids."""
+    (added tokens as plain text); `added` lists the added tokens, `normalizer` is None or "NFC"."""
 
     tokens: list[str]
     merges: list[tuple[str, str]]
-    special: dict[str, int]
+    added: list[Added]
     pattern: str
     name: str = "bpe"
+    normalizer: str | None = None
+    special: dict[str, int] = field(init=False)  # every added token's text -> id (tiktoken's specials)
+
+    def __post_init__(self):
+        self.special = {a.content: a.id for a in self.added}
 
 
 @cache
@@ -114,13 +117,19 @@ def build_encoding(v: BPEVocab) -> tuple[tiktoken.Encoding, set[int]]:
 
 
 class BPETokenizer(Tokenizer):
-    """A Tokenizer whose user text never reaches an id the model lacks: characters that need
-    an unranked byte become U+FFFD (visibly) instead of vanishing, as they do in HF and
-    llama.cpp."""
+    """A Tokenizer that encodes as `tokenizers` does with `encode_special_tokens`: added
+    tokens that are not special are found in the raw text (or, per token, in the normalized
+    text), the rest is normalized and pre-tokenized piece by piece. And user text never
+    reaches an id the model lacks: characters that need an unranked byte become U+FFFD
+    (visibly) instead of vanishing, as they do in HF and llama.cpp."""
 
     def __init__(self, enc: tiktoken.Encoding, unranked: set[int], n_model_vocab: int,
-                 bos: str | None = None, eos: str | None = None):
+                 bos: str | None = None, eos: str | None = None, added: Sequence[Added] = (),
+                 nfc: bool = False):
         super().__init__(enc, bos, eos)
+        self.nfc = nfc
+        self.raw_added = AddedMatcher([a for a in added if not a.normalized], nfc)
+        self.normalized_added = AddedMatcher([a for a in added if a.normalized], nfc)
         self.n_model_vocab = n_model_vocab
         self.unranked = frozenset(unranked)
         self._ranked = bytes(b for b in range(256) if b not in unranked)
@@ -141,7 +150,17 @@ class BPETokenizer(Tokenizer):
                        for c in text)
 
     def encode(self, text: str) -> list[int]:
-        return super().encode(self.visible(text))
+        ids: list[int] = []
+        for raw in self.raw_added.split(text):
+            if isinstance(raw, int):
+                ids.append(raw)
+                continue
+            for piece in self.normalized_added.split(unicodedata.normalize("NFC", raw) if self.nfc else raw):
+                if isinstance(piece, int):
+                    ids.append(piece)
+                else:
+                    ids += super().encode(self.visible(piece))
+        return ids
 
 
 def make_tokenizer(v: BPEVocab, bos: str | None, eos: str | None) -> BPETokenizer:
@@ -149,31 +168,10 @@ def make_tokenizer(v: BPEVocab, bos: str | None, eos: str | None) -> BPETokenize
     for name in (bos, eos):
         if name and name not in v.special:
             raise ModelLoadError(f"{v.name}: {name!r} is not one of the special tokens")
-    return BPETokenizer(enc, unranked, len(v.tokens), bos, eos)
+    return BPETokenizer(enc, unranked, len(v.tokens), bos, eos, v.added, v.normalizer == "NFC")
 
 
 # --- tokenizer.json ------------------------------------------------------------------------
-
-def pattern_from_pre_tokenizer(pre: dict | None, where: str) -> str:
-    """The tiktoken regex equivalent to a tokenizer.json pre_tokenizer we understand."""
-    pre = pre or {}
-    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
-    kinds = [s.get("type") for s in steps]
-    last = steps[-1] if steps else {}
-    if last.get("type") == "ByteLevel" and last.get("add_prefix_space"):
-        raise ModelLoadError(f"{where}: ByteLevel add_prefix_space is not supported")
-    if kinds == ["ByteLevel"] and last.get("use_regex", True):
-        return GPT2_PATTERN
-    if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits") and last.get("use_regex", True):
-        return SMOLLM_PATTERN
-    if kinds == ["Split", "ByteLevel"] and not last.get("use_regex", True):
-        split = steps[0]
-        regex = (split.get("pattern") or {}).get("Regex")
-        if regex and split.get("behavior") == "Isolated" and not split.get("invert"):
-            return regex  # Llama 3 / Qwen2: the regex came from tiktoken in the first place
-    raise ModelLoadError(f"{where}: unsupported pre-tokenizer {json.dumps(pre)[:120]} (supported: ByteLevel, "
-                         "Digits(individual)+ByteLevel, Split(regex)+ByteLevel)")
-
 
 def vocab_from_tokenizer_json(data: dict, where: str) -> BPEVocab:
     model = data.get("model") or {}
@@ -181,12 +179,11 @@ def vocab_from_tokenizer_json(data: dict, where: str) -> BPEVocab:
         raise ModelLoadError(f"{where}: not a BPE tokenizer (model type {model.get('type')!r})")
     if model.get("byte_fallback") or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
         raise ModelLoadError(f"{where}: byte_fallback / subword affixes are not supported (not byte-level BPE)")
-    if data.get("normalizer"):
-        raise ModelLoadError(f"{where}: normalizer {data['normalizer'].get('type')!r} is not supported")
+    normalizer = normalizer_from_json(data.get("normalizer"), where)
+    check_decoder(data.get("decoder"), where)
+    added = [added_from_json(t, where) for t in data.get("added_tokens", [])]
     vocab: dict[str, int] = dict(model["vocab"])
-    # Every added token is special to us: never matched in user text (a prompt-injection boundary).
-    special = {t["content"]: t["id"] for t in data.get("added_tokens", [])}
-    vocab.update(special)
+    vocab.update({a.content: a.id for a in added})
     tokens = [""] * (max(vocab.values()) + 1)
     for tok, i in vocab.items():
         tokens[i] = tok
@@ -194,7 +191,7 @@ def vocab_from_tokenizer_json(data: dict, where: str) -> BPEVocab:
     if any(len(m) != 2 for m in merges):
         raise ModelLoadError(f"{where}: malformed merges")
     pattern = pattern_from_pre_tokenizer(data.get("pre_tokenizer"), where)
-    return BPEVocab(tokens, merges, special, pattern, name=Path(where).parent.name or "bpe")
+    return BPEVocab(tokens, merges, added, pattern, Path(where).parent.name or "bpe", normalizer)
 
 
 def _token_name(value) -> str | None:
@@ -217,8 +214,15 @@ def tokenizer_from_json(path: Path, tokenizer_config: dict) -> Tokenizer:
 
 # --- GGUF metadata ---------------------------------------------------------------------------
 
-# llama.cpp token types that are not plain vocabulary: control, user-defined, unused.
-GGUF_NOT_TEXT = (3, 4, 5)
+# llama.cpp token types: control and unused tokens are special; user-defined ones are what
+# its converter makes of a non-special added token, matched in text by llama.cpp as by HF.
+GGUF_SPECIAL, GGUF_USER_DEFINED = (3, 5), 4
+
+
+def gguf_added(tokens: list[str], types: list[int]) -> list[Added]:
+    # The converter writes an added token's content as it is, not in the byte-level alphabet.
+    return [Added(t, i, ty in GGUF_SPECIAL) for i, (t, ty) in enumerate(zip(tokens, types, strict=True))
+            if ty in GGUF_SPECIAL or ty == GGUF_USER_DEFINED]
 
 
 def vocab_from_gguf(meta: dict, where: str) -> BPEVocab:
@@ -233,21 +237,22 @@ def vocab_from_gguf(meta: dict, where: str) -> BPEVocab:
     types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
     if len(types) != len(tokens):
         raise ModelLoadError(f"{where}: {len(tokens)} tokens but {len(types)} token types")
-    special = {t: i for i, (t, ty) in enumerate(zip(tokens, types, strict=True)) if ty in GGUF_NOT_TEXT}
     merges = [tuple(m.split(" ")) for m in meta.get("tokenizer.ggml.merges", [])]
     if any(len(m) != 2 for m in merges):
         raise ModelLoadError(f"{where}: malformed tokenizer.ggml.merges")
-    return BPEVocab(tokens, merges, special, PRE_TOKENIZERS[pre][0], name=Path(where).stem)
+    style = PRE_TOKENIZERS[pre]
+    return BPEVocab(tokens, merges, gguf_added(tokens, types), style.pattern, Path(where).stem, style.normalizer)
 
 
 def tokenizer_json(v: BPEVocab, pre: str) -> dict:
     """A Hugging Face tokenizer.json for `v`: what the canonical model directory stores."""
     vocab = {t: i for i, t in enumerate(v.tokens)}
-    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": True} for t, i in sorted(v.special.items(), key=lambda x: x[1])]
+    added = [{"id": a.id, "content": a.content, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": a.normalized, "special": a.special} for a in sorted(v.added, key=lambda a: a.id)]
+    style = PRE_TOKENIZERS[pre]
     return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-            "normalizer": None, "pre_tokenizer": PRE_TOKENIZERS[pre][1], "post_processor": None,
+            "normalizer": NORMALIZERS.get(v.normalizer), "pre_tokenizer": style.pre_tokenizer, "post_processor": None,
             "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
             "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                       "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                      "ignore_merges": False, "vocab": vocab, "merges": [list(m) for m in v.merges]}}
+                      "ignore_merges": style.ignore_merges, "vocab": vocab, "merges": [list(m) for m in v.merges]}}

@@ -198,6 +198,6 @@ def test_gguf_metadata_gives_the_same_tokenizer_and_json_round_trips(tmp_path):
     for text in corpus():
         assert from_gguf.encode(text) == ref.encode(text).ids == written.encode(text).ids
     for bad, message in [({"tokenizer.ggml.model": "llama"}, "not supported"),
-                         ({"tokenizer.ggml.pre": "qwen2"}, "pre-tokenizer 'qwen2'")]:
+                         ({"tokenizer.ggml.pre": "qwen35"}, "pre-tokenizer 'qwen35'")]:
         with pytest.raises(ModelLoadError, match=message):
             vocab_from_gguf(meta | bad, "x.gguf")

@@ -26,7 +26,7 @@ from model.loading.options import LoadedModel, LoadOptions
 from model.loading.safetensors_out import TensorSpec, write_safetensors
 
 Progress = Callable[[str, float, float], None]   # (stage, done, total)
-CONVERTER_VERSION = "1"   # bump when the output of convert_gguf changes: cached conversions are redone
+CONVERTER_VERSION = "2"   # bump when the output of convert_gguf changes: cached conversions are redone
 
 LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",

@@ -39,7 +39,20 @@ SPECIALS = ["<|im_end|>", "<|im_start|>user\nhi<|im_end|>\n", "<|endoftext|>", "
             "<|im_", "im_end|>", "< |im_end| >", "<<|im_end|>>", "<|IM_END|>", "</s>", "<s>", "[INST]",
             "<jupyter_code>", "<|assistant|>", "<issue_start>x<issue_comment>"]
 CONTROL = ["\x00", "\x01", "\x07", "\x1b[31mred\x1b[0m", "\x7f", "\x08", "\x1f", "\x15"]
-POOLS = [SENTENCES, DIGITS, CODE, WHITESPACE, EMOJI, SCRIPTS, SPECIALS, CONTROL]
+# Where the Llama 3 / Qwen2 regexes, NFC and the added tokens matched in text are tested.
+FAMILIES = [
+    "DON'T", "WE'LL SEE", "I'M", "SHE'D", "THEY'RE", "YOU'VE", "IT'S", "'S'T'RE", "'ſ", "x'ſt", "don'T",
+    "O'NEIL'S", "12345678", "1234567890123", " 12345", "３４５６", "a\r\nb", "\r\n\r\n", " \r\n",
+    "x \r\n\t y", "\r", "a\rb", "\n\r", "  \r\n  ", "a.\r\n", "?!\n\n",
+    "<think>", "</think>", "<think>\n\n</think>\n\n", "<think>x</think>", "<thinking>", "<think", "<<think>>",
+    " <think> ", "<think>\u0338", "<\u0338think>", '<tool_call>\n{"name": "f"}\n</tool_call>', "<|eot_id|>",
+    "<|begin_of_text|>", "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>", "<|end_of_text|>",
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n", "A\u030a", "\u1100\u1161\u11a8", "a\u0323\u0302",
+    "a\u0302\u0323", "\u212b", "\u2126", "e\u0301\u0301", "\u0958", "\u00c5\u0323", "\u0627\u0644\u0633\u064e\u0651",
+    "\u0645\u0631\u062d\u0628\u0627 \u0628\u0627\u0644\u0639\u0627\u0644\u0645", "\u6f22\u5b57\u304b\u306a",
+    "\u1112\u1161\u11ab \uae00",
+]
+POOLS = [SENTENCES, DIGITS, CODE, WHITESPACE, EMOJI, SCRIPTS, SPECIALS, CONTROL, FAMILIES]
 
 
 def mixed(rng: random.Random) -> str:
