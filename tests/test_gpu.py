@@ -150,11 +150,26 @@ def chat_prompt(lm) -> list[int]:
 @pytest.mark.parametrize("cfg", [GraphConfig(fused=False), GraphConfig(), GraphConfig(lookahead=False)],
                          ids=["plain-graph", "fused", "fused-no-lookahead"])
 def test_graph_greedy_equals_eager_for_200_tokens(lm, cfg):
+    ours, same, gaps, name = graph_against_eager(lm, cfg, 200)
+    first_diff = next((i for i, (a, b) in enumerate(zip(ours, same, strict=True)) if a != b), None)
+    print(f"{name}: max logit gap {max(gaps):.1f} bf16 ulps, exact argmax at "
+          f"{sum(g == 0 for g in gaps)}/200 steps, free-running tokens first differ at {first_diff}")
+    real = bool(os.environ.get("NANOCHAT_TEST_GGUF"))
+    # Random weights make near-flat logits: even the plain graph, running eager's own ops,
+    # sits 7 ulps off eager there, and the fused path 13-14 (H200).
+    assert max(gaps) <= (4 if real else 16)
+    if real and not cfg.fused:  # the plain graph runs eager's own ops: exactly equal
+        assert ours == same
+
+
+def graph_against_eager(lm, cfg: GraphConfig, n: int) -> tuple[list[int], list[int], list[float], str]:
+    """Greedy tokens through the graph, eager's own greedy tokens, and for each graph token its
+    gap below eager's top logit (teacher-forced), in bf16 ulps."""
     eager = Generator(lm.model, lm.model.new_cache(1024), lm.tokenizer.vocab_size, graphs=None)
     graph = Generator(lm.model, lm.model.new_cache(1024), lm.tokenizer.vocab_size, graphs=cfg)
     assert graph.graphs is not None
     prompt = chat_prompt(lm)
-    ours = greedy(graph, prompt, 200)
+    ours = greedy(graph, prompt, n)
     # Teacher-forced: every graph token is eager's argmax or within bf16 noise of it. The
     # fused kernels sum in another order than cuBLAS, so a near-tie can flip; a real bug
     # (a wrong position, a stale cache entry) is off by hundreds of ulps.
@@ -166,16 +181,21 @@ def test_graph_greedy_equals_eager_for_200_tokens(lm, cfg):
         ulp = 2.0 ** (torch.tensor(abs(top)).log2().floor().item() - 7)  # bf16 spacing at the top logit
         gaps.append(float(top - eager.logits[tok]) / ulp)
         eager.feed(tok)
-    same = greedy(eager, prompt, 200)
-    first_diff = next((i for i, (a, b) in enumerate(zip(ours, same, strict=True)) if a != b), None)
-    print(f"{graph.graphs.name}: max logit gap {max(gaps):.1f} bf16 ulps, exact argmax at "
-          f"{sum(g == 0 for g in gaps)}/200 steps, free-running tokens first differ at {first_diff}")
-    real = bool(os.environ.get("NANOCHAT_TEST_GGUF"))
-    # Random weights make near-flat logits: even the plain graph, running eager's own ops,
-    # sits 7 ulps off eager there, and the fused path 13-14 (H200).
-    assert max(gaps) <= (4 if real else 16)
-    if real and not cfg.fused:  # the plain graph runs eager's own ops: exactly equal
-        assert ours == same
+    return ours, greedy(eager, prompt, n), gaps, graph.graphs.name
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("spec", ["random:qwen3-0.6b", "random:qwen2.5-0.5b", "random:llama3.2-1b"])
+def test_fused_graph_serves_qwen_and_llama3_shapes(spec):
+    """Qwen3's per-head q/k norms and head_dim 128, Qwen2.5's q/k/v biases, Llama 3.2's scaled
+    rotary tables and 128k-entry lm_head: the fused graph against eager, teacher-forced."""
+    lm = load_model(spec, LoadOptions(device="cuda", dtype=torch.bfloat16))
+    ours, same, gaps, name = graph_against_eager(lm, GraphConfig(), 120)
+    print(f"{spec} {name}: max logit gap {max(gaps):.1f} bf16 ulps, exact argmax at "
+          f"{sum(g == 0 for g in gaps)}/120 steps")
+    assert name.startswith("fused")
+    assert max(gaps) <= 16
 
 
 @pytest.mark.gpu

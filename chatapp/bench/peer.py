@@ -13,22 +13,26 @@ import torch
 from model.llama import Llama
 
 
-def hf_llama(model: Llama):
-    """A transformers LlamaForCausalLM holding the same tensors' values as `model`."""
-    from transformers import LlamaConfig, LlamaForCausalLM  # lazy: transformers comes with the test extra
+def hf_twin(model: Llama):
+    """A transformers model of the same family (Llama, Qwen2, Qwen3) holding `model`'s tensors' values."""
+    import transformers  # lazy: transformers comes with the test extra
 
     c = model.config
+    family = "Qwen3" if c.qk_norm else "Qwen2" if c.attention_bias else "Llama"
+    config_cls, model_cls = getattr(transformers, f"{family}Config"), getattr(transformers, f"{family}ForCausalLM")
     p = model.lm_head.weight
-    cfg = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-                      num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-                      num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
-                      rope_theta=c.rope_theta, max_position_embeddings=c.max_position_embeddings,
-                      tie_word_embeddings=c.tie_word_embeddings)
-    if getattr(cfg, "rope_parameters", None) is not None:  # transformers 5 keeps theta here
-        cfg.rope_parameters["rope_theta"] = c.rope_theta
-    hf = LlamaForCausalLM(cfg).to(device=p.device, dtype=p.dtype).eval()
+    cfg = config_cls(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                     num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+                     num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
+                     rope_theta=c.rope_theta, max_position_embeddings=c.max_position_embeddings,
+                     tie_word_embeddings=c.tie_word_embeddings, rope_scaling=c.rope_scaling)
+    if getattr(cfg, "rope_parameters", None) is not None:  # transformers 5 keeps theta and scaling here
+        cfg.rope_parameters.update({"rope_theta": c.rope_theta, **(c.rope_scaling or {})})
+    hf = model_cls(cfg).to(device=p.device, dtype=p.dtype).eval()
     state = {k: v for k, v in model.state_dict().items() if "rotary" not in k}
-    hf.load_state_dict(state, strict=False)
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if "rotary" not in k and not k.endswith("lm_head.weight")]:
+        raise RuntimeError(f"weights do not map onto {model_cls.__name__}: {missing[:3]} {unexpected[:3]}")
     return hf
 
 
@@ -48,7 +52,7 @@ def hf_static_decode(model: torch.nn.Module, prompt: list[int], new_tokens: int)
     if not isinstance(model, Llama):
         return {"skipped": f"no transformers twin for {type(model).__name__}"}
     try:
-        hf = hf_llama(model)
+        hf = hf_twin(model)
         ids = torch.tensor([prompt], device=model.lm_head.weight.device)
         short = max(2, new_tokens // 4)
         with torch.inference_mode():
