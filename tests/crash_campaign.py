@@ -52,7 +52,8 @@ class Figures:
     kills: Counter = field(default_factory=Counter)
     lost: int = 0                # trials whose store lacks or contradicts a reported event
     integrity_failures: int = 0
-    left_by_kill: int = 0        # kills that left a snapshot temp file (or a deleted chat's folder)
+    left_temp: int = 0           # kills that left a snapshot temp file: they landed inside a write
+    left_folder: int = 0         # kills that left a deleted chat's snapshot folder
     committed_unreported: int = 0  # the turn under way was on disk, its line never printed (allowed)
     left_after_start: int = 0    # temp or orphan files the next start did not remove
     failures: list[str] = field(default_factory=list)
@@ -170,7 +171,9 @@ def one_trial(root: Path, r: int, trial: Trial, disk: Disk, fig: Figures) -> Dis
     if pending is not None and any(e["event"] == "turn" and e["user"] == pending for e in app.events):
         pending = None  # its turn was reported: nothing more can be on disk
     after = read_disk(root)
-    fig.left_by_kill += bool(leftovers(root, set(after.chats)))
+    left = leftovers(root, set(after.chats))
+    fig.left_folder += any(x.endswith("(no such chat)") for x in left)
+    fig.left_temp += any(not x.endswith("(no such chat)") for x in left)
     fig.integrity_failures += after.integrity != "ok"
     problem = "; ".join(ledger.problems) or ledger.mismatch(after, pending)
     if problem:
@@ -202,7 +205,7 @@ def report(fig: Figures, seed: int) -> str:
     kills = ", ".join(f"{k} {fig.kills[k]}" for k in KINDS)
     lines = [f"trials {fig.trials} (seed {seed}, {fig.seconds:.0f} s)", f"kills by kind: {kills}",
              f"lost or contradicted reported events: {fig.lost}", f"integrity_check failures: {fig.integrity_failures}",
-             f"kills that left a snapshot temp file or a deleted chat's folder: {fig.left_by_kill}",
+             f"kills that left a snapshot temp file: {fig.left_temp}; a deleted chat's folder: {fig.left_folder}",
              f"temp or orphan files left after the next start: {fig.left_after_start}",
              f"turns committed but killed before printed (allowed): {fig.committed_unreported}"]
     return "\n".join(lines + [f"FAIL {f}" for f in fig.failures])

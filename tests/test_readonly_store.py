@@ -32,7 +32,7 @@ def as_other_user() -> list[str]:
         return []  # the chmod in `readonly_store` is enough for a plain user
     if shutil.which("setpriv") is None:
         pytest.skip("running as root and setpriv is missing: cannot drop privileges")
-    probe = subprocess.run([*DROP, sys.executable, "-c", "import torch, os; print(os.geteuid())"],
+    probe = subprocess.run([*DROP, sys.executable, "-c", "import os, chatapp; print(os.geteuid())"],
                            capture_output=True, text=True)
     if probe.returncode != 0 or probe.stdout.strip() != str(NOBODY):
         pytest.skip(f"cannot run as uid {NOBODY} with setpriv: {probe.stderr.strip()[-300:]}")
@@ -65,9 +65,10 @@ def stored(root: Path) -> list[tuple[int, str, int]]:
         store.close()
 
 
-@pytest.fixture
-def readonly_store(tmp_path):
+@pytest.fixture(scope="module")
+def readonly_store(tmp_path_factory):
     """Two stored chats, written by this user, then made read-only for the app's user."""
+    tmp_path = tmp_path_factory.mktemp("readonly")
     root, home = tmp_path / "chats", tmp_path / "home"
     home.mkdir()
     headless(root, home, ["one", "two", "/reset", "three"])
