@@ -85,7 +85,8 @@ class App:
         env = {**os.environ, "NANOCHAT_TUI_CHATS": str(root),
                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         cmd = [sys.executable, "-m", "chatapp.cli", *FLAGS, "--seed", str(seed), *(["--resume"] if resume else [])]
-        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        self.stderr = tempfile.TemporaryFile()  # a file, not a pipe: a full pipe would block the app
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                   env=env, cwd=ROOT)
         self.events: list[dict] = []
 
@@ -96,7 +97,8 @@ class App:
     def next_event(self) -> dict:
         raw = self.p.stdout.readline()
         if not raw:
-            raise RuntimeError(f"the app exited: {self.p.stderr.read().decode(errors='replace')[-800:]}")
+            self.stderr.seek(0)
+            raise RuntimeError(f"the app exited: {self.stderr.read().decode(errors='replace')[-800:]}")
         self.events.append(json.loads(raw))
         return self.events[-1]
 
@@ -112,7 +114,7 @@ class App:
         for raw in self.p.stdout.read().splitlines(keepends=True):
             if raw.endswith(b"\n"):
                 self.events.append(json.loads(raw))
-        for f in (self.p.stdin, self.p.stdout, self.p.stderr):
+        for f in (self.p.stdin, self.p.stdout, self.stderr):
             f.close()
 
 
@@ -197,6 +199,8 @@ def campaign(root: Path, trials: int, seed: int = 1) -> Figures:
     start_checks(root, app, disk, fig, f"trial {trials - 1}")
     app.p.stdin.close()
     app.p.wait(timeout=60)
+    app.p.stdout.close()
+    app.stderr.close()
     fig.seconds = time.perf_counter() - t0
     return fig
 
