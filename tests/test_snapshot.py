@@ -2,8 +2,10 @@
 and every bad snapshot (corrupt, truncated, another model's) caught and re-prefilled."""
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -199,3 +201,38 @@ def test_nanochat_state_buffers_travel_with_the_snapshot(tiny, store):
     assert [ex.user for ex in k3.session.exchanges] == ["What is 2+2?", "And 3+3?"]
     assert_transcript(k3.session)
     assert_invariant(k3.session)
+
+
+def test_truncated_last_segment_is_named(tiny, store):
+    k = new_keeper(tiny, store)
+    talk(k, "one", "two")
+    first, last = segments(store, k.chat_id)
+    last.write_bytes(last.read_bytes()[:300])
+    k2, r = reopen(tiny, store, k.chat_id)
+    start = int(last.name.split("-")[0])
+    assert r.restored_tokens == start and r.reprefilled_tokens == k.session.cache.pos - start
+    assert r.detail == f"snapshot file {last.name} is unreadable (truncated?)"
+    assert_invariant(k2.session)
+
+
+def test_the_next_start_removes_what_a_killed_writer_left(tiny, store, tmp_path):
+    """safetensors' save_file writes `.tmpXXXXXX` (tempfile crate) and renames it; our writes
+    are `.<segment>.<pid>.tmp`. Whatever a kill left goes when the store next opens; a live
+    writer's file stays."""
+    k = new_keeper(tiny, store)
+    talk(k, "one")
+    folder = store.snapshot_dir(k.chat_id)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    ours = folder / f".00000000-00000040.safetensors.{dead}.tmp"
+    theirs = folder / ".tmpAb3xZ9"  # as safetensors 0.8 names it, left by an older version
+    live = folder / f".00000000-00000050.safetensors.{os.getppid()}.tmp"
+    for p in (ours, theirs, live):
+        p.write_bytes(b"partial")
+    os.utime(theirs, (time.time() - 120, time.time() - 120))  # pid-less: its age says it is dead
+    orphan = store.root / "snapshots" / "999"  # a chat deleted before its folder went
+    orphan.mkdir()
+    (orphan / "00000000-00000010.safetensors").write_bytes(b"x")
+    ChatStore(store.root).close()
+    assert not ours.exists() and not theirs.exists() and not orphan.exists()
+    assert live.exists() and segments(store, k.chat_id)

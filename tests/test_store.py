@@ -223,10 +223,12 @@ def test_read_only_database_still_lists_and_opens(tiny, tmp_path):
     k2 = ChatKeeper(Session(tiny, Settings(max_new_tokens=4)), ro)
     restored, errors = k2.open(keeper.chat_id)
     assert isinstance(restored, Restored) and restored.restored_tokens == keeper.session.cache.pos
-    (err,) = errors  # opening re-saves the chat (it becomes the latest): that is refused, once
-    assert "read-only" in err.message and "\n" not in err.message
+    assert errors == []  # opening changes nothing: there is nothing to say yet
     events = list(k2.send("more"))
     assert turns(events) and not [e for e in events if isinstance(e, Error)]
+    (note,) = [e for e in events if isinstance(e, Info)]  # the first change says it, once
+    assert note.data == {"read_only": True} and "nothing will be saved" in note.text and "\n" not in note.text
+    assert not [e for e in k2.send("again") if isinstance(e, (Info, Error))]
     (err,) = [e for e in k2.run_command("/save") if isinstance(e, Error)]  # an explicit save says it again
     assert "read-only" in err.message
     assert [m.content for m in ro.get(keeper.chat_id).messages][0] == "kept"

@@ -4,7 +4,7 @@ A chat is saved whole, in one transaction: the chat row and every message row wi
 ids. A crash (even `kill -9`) mid-save leaves the previous version intact, and saving the
 whole chat each time means a save that failed (a locked or read-only database) is simply
 caught up by the next one. KV snapshots live next to the database, one folder per chat
-(`chatapp/snapshot.py`); this module only names and deletes those folders.
+(chatapp/store/snapshots.py); this module only names and deletes those folders.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chatapp.store.tempfiles import sweep
 from model.errors import UserError
 
 SCHEMA_VERSION = 1
@@ -52,6 +53,12 @@ CREATE INDEX IF NOT EXISTS chats_by_update ON chats(updated);
 
 class StoreError(UserError):
     """The store cannot do what was asked; the message is one line for the user."""
+
+
+def writable(path: Path) -> bool:
+    """A store we can write: the file and its folder (SQLite makes its WAL side files there)."""
+    folder = path if path.is_dir() else path.parent
+    return os.access(folder, os.W_OK) and (path.is_dir() or os.access(path, os.W_OK))
 
 
 class ChatChanged(StoreError):
@@ -121,23 +128,64 @@ def describe(e: BaseException) -> str:
 
 class ChatStore:
     def __init__(self, root: Path | None = None, timeout: float = 2.0, read_only: bool | None = None):
-        """`read_only` None: read-only when the database file cannot be written (chats still
-        list and open; saving says why it cannot)."""
+        """`read_only` None: read-only when this process cannot write the database or its folder
+        (chats still list and open; the keeper says once that nothing will be saved). A store
+        opened for writing first removes what a killed process left (`tidy`)."""
         self.root = Path(root) if root is not None else chats_dir()
         self.path = self.root / "chats.db"
         self.lock = threading.Lock()  # the TUI saves from a worker thread and renames from the UI one
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             if read_only is None:
-                read_only = self.path.exists() and not os.access(self.path, os.W_OK)
-            target = self.path.resolve().as_uri() + "?mode=ro" if read_only else str(self.path)
-            # check_same_thread off: every use goes through self.lock instead.
-            self.db = sqlite3.connect(target, timeout=timeout, isolation_level=None, check_same_thread=False,
-                                      uri=read_only)
+                read_only = self.path.exists() and not writable(self.path)
+            self.read_only = read_only
+            self.db = self._connect(timeout)
             self.db.execute("PRAGMA foreign_keys = ON")
             self._init_schema()
         except (sqlite3.Error, OSError) as e:
             raise StoreError(f"cannot open the chats database {self.path}: {describe(e)}") from None
+        if not read_only:
+            self.tidy()
+
+    def _connect(self, timeout: float) -> sqlite3.Connection:
+        """Read-only: `mode=ro` sees a live writer's commits, but SQLite cannot open a WAL database
+        that way without a -shm file it can use (a clean exit deletes it, and we cannot create
+        one in a folder we cannot write, nor recover a stale one we cannot write), so it falls
+        back to `immutable=1`: the file as it is now."""
+        uri = self.path.resolve().as_uri()
+
+        def connect(query: str) -> sqlite3.Connection:
+            # check_same_thread off: every use goes through self.lock instead.
+            return sqlite3.connect(uri + query, timeout=timeout, isolation_level=None, check_same_thread=False,
+                                   uri=True)
+        if not self.read_only:
+            return connect("")
+        db = connect("?mode=ro")
+        try:
+            db.execute("PRAGMA user_version").fetchone()
+            return db
+        except sqlite3.OperationalError:
+            db.close()
+            return connect("?immutable=1")
+
+    def tidy(self) -> None:
+        """Remove what a process killed mid-write left: snapshot temp files of dead writers, and
+        the snapshot folders of chats deleted before their folder went."""
+        base = self.root / "snapshots"
+        sweep(base)
+        # folders first, then ids: a chat is committed before its folder is made, so a folder
+        # listed here whose id is not stored belongs to a deleted chat
+        folders = [d for d in base.iterdir() if d.is_dir() and d.name.isdigit()] if base.is_dir() else []
+        if not folders:
+            return
+        try:
+            with self._guard("read the chats") as db:
+                ids = {r[0] for r in db.execute("SELECT id FROM chats")}
+        except StoreError:
+            return  # the store's trouble shows at the first save
+        for d in folders:
+            if int(d.name) not in ids:
+                shutil.rmtree(d, ignore_errors=True)
 
     def _init_schema(self) -> None:
         version = self.db.execute("PRAGMA user_version").fetchone()[0]

@@ -6,8 +6,10 @@ Faces call `keeper.send(text)` / `keeper.run_command(line)` and get the session'
   2. the whole chat is committed to SQLite,
   3. then the event is handed on (so whatever a face shows is already on disk),
   4. after a turn, the KV snapshot is brought up to date (only the new positions are written).
-A failing store (locked, read-only, disk full) yields one clear Error; the conversation stays in
-memory and the next save writes all of it, so nothing is lost and the chat goes on.
+A failing store (locked, disk full) yields one clear Error; the conversation stays in memory and
+the next save writes all of it, so nothing is lost and the chat goes on. A read-only store is
+never written: chats list, open and continue in memory, and the first change says once that
+nothing will be saved.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class ChatKeeper:
         # created by this window's autosave and never /save'd or opened: only such a chat is
         # deleted when /undo empties it (one the user named or reopened stays, even empty)
         self.ephemeral = False
+        self.said_read_only = False
 
     # --- what faces call ----------------------------------------------------------
     def send(self, text: str) -> Iterator[Event]:
@@ -91,7 +94,8 @@ class ChatKeeper:
         r = self.restored
         return {"store": str(self.store.path) if self.store else None, "chat": self.chat_id,
                 "title": self.title, "restored_tokens": r.restored_tokens if r else 0,
-                "reprefilled_tokens": r.reprefilled_tokens if r else 0, "restore_detail": r.detail if r else ""}
+                "reprefilled_tokens": r.reprefilled_tokens if r else 0, "restore_detail": r.detail if r else "",
+                "read_only": bool(self.store and self.store.read_only)}
 
     # --- the turn's ordering ------------------------------------------------------
     def _track(self, events: Iterator[Event]) -> Iterator[Event]:
@@ -132,6 +136,11 @@ class ChatKeeper:
         this window autosaved is deleted once /undo empties it)."""
         if self.store is None or not (force or self.session.exchanges or self.chat_id is not None):
             return
+        if self.store.read_only:
+            if self.unsaved() and not self.said_read_only:
+                self.said_read_only = True
+                yield self.read_only_notice()
+            return
         # autosaved with messages, none left: emptied by /undo
         if not force and self.ephemeral and self.expect and not self.session.turns:
             yield from self.drop()
@@ -161,6 +170,11 @@ class ChatKeeper:
             self.ephemeral = not force and (new or self.ephemeral)
         except StoreError as e:
             yield from self.report(f"chat not saved: {e}; it stays open and the next save will catch up")
+
+    def read_only_notice(self) -> Info:
+        assert self.store is not None
+        return Info(f"the chats store {self.store.path} is read-only: chats open and continue here, "
+                    "but nothing will be saved", {"read_only": True})
 
     def drop(self) -> Iterator[Event]:
         """Delete the stored chat every exchange of which was undone: an empty chat would linger in
@@ -210,7 +224,7 @@ class ChatKeeper:
 
     # --- the KV snapshot ----------------------------------------------------------
     def write_snapshot(self) -> Iterator[Event]:
-        if self.store is None or self.chat_id is None or self.saved_sig != self.signature():
+        if self.store is None or self.store.read_only or self.chat_id is None or self.saved_sig != self.signature():
             return  # the snapshot only ever follows a chat that SQLite holds
         if self.writer is None:
             self.writer = SnapshotWriter(self.store.snapshot_dir(self.chat_id), self.identity())
@@ -228,6 +242,9 @@ class ChatKeeper:
     def save(self, title: str) -> Iterator[Event]:
         if self.store is None:
             yield Error(f"/save: chats are not stored in this session ({self.why_no_store})")
+            return
+        if self.store.read_only:
+            yield Error(f"/save: {self.read_only_notice().text}")
             return
         if title:
             self.title = " ".join(title.split())
@@ -259,7 +276,7 @@ class ChatKeeper:
             yield Error("/load: no other stored chat")
             return
         self.last_error = ""
-        events = list(self.commit())
+        events = self.leave()
         if errors := [e for e in events if isinstance(e, Error)]:  # never drop a conversation the store lacks
             yield Error(f"/load: staying in this chat, it could not be saved ({errors[0].message}); "
                         "/export keeps a copy")
@@ -272,6 +289,17 @@ class ChatKeeper:
             return
         yield restored
         yield from errors
+
+    def leave(self) -> list[Event]:
+        """Before /load opens another chat: this one committed (the events say how it went). A
+        read-only store saves nothing, so leaving is never refused there: it says so again."""
+        if self.store.read_only:
+            return [self.read_only_notice()] if self.unsaved() else []
+        return list(self.commit())
+
+    def unsaved(self) -> bool:
+        """The chat differs from what this window last stored (an empty new chat never counts)."""
+        return bool(self.session.exchanges or self.chat_id is not None) and self.signature() != self.saved_sig
 
     def open(self, chat_id: int) -> tuple[Restored, list[Error]]:
         """Continue stored chat `chat_id` in this session. StoreError: not found, or cannot fit
@@ -291,6 +319,8 @@ class ChatKeeper:
         # past what the snapshot gave back, segments on disk are not trusted (one may be corrupt)
         self.clean_upto = self.restored.restored_tokens
         self.last_error = ""
+        if self.store.read_only:
+            self.saved_sig = self.signature()  # as stored: nothing to say until it changes
         return self.restored, [e for e in self.autosave() if isinstance(e, Error)]
 
     def follow_rename(self) -> None:

@@ -115,11 +115,17 @@ def from_snapshot(session: Session, tokens: list[int], identity: ModelIdentity, 
                   target: int) -> tuple[int, str]:
     segments, bad = scan(folder)
     chain, why = plan_chain(segments, tokens, identity, target)
-    if not chain:
-        if bad and not why:
-            why = f"snapshot file {bad[0].name} is unreadable (truncated or corrupt)"
-        return 0, why or ("no snapshot" if target else "")
-    n, load_why = load_chain(session.cache, chain)
+    n, load_why = load_chain(session.cache, chain) if chain else (0, "")
     if n < target and not (load_why or why):
-        why = f"snapshot covers {n} of {target} tokens"
+        # a chain cut short by a file that is not a readable segment names that file
+        why = unreadable(bad, n) or (f"snapshot covers {n} of {target} tokens" if n else "no snapshot")
     return n, load_why or why
+
+
+def unreadable(bad: list[Path], at: int) -> str:
+    """Why the chain stops at position `at`, when an unreadable file is there (the one that
+    starts at `at` by its name, else the first)."""
+    if not bad:
+        return ""
+    here = [p for p in bad if p.name.startswith(f"{at:08d}-")]
+    return f"snapshot file {(here or bad)[0].name} is unreadable (truncated?)"

@@ -9,22 +9,23 @@ Each segment records:
   - `identity`: the model that computed it (chatapp/fingerprint.py); another model's is never used;
   - `checksum`: sha256 of its tensor bytes, checked on every load, so a corrupt or truncated
     file is caught and the rest re-prefilled; it is never trusted blindly.
-Writes are atomic: temp file, fsync, rename, fsync of the folder.
+Writes are atomic (chatapp/store/tempfiles.py): a temp file named with the writer's pid, fsync,
+rename, fsync of the folder.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from chatapp.store.identity import ModelIdentity
+from chatapp.store.tempfiles import is_temp, remove_orphan_tmp, write_atomic
 from kvcache import KVCache
 
 FORMAT = "nanochat-tui-kv/1"
@@ -54,14 +55,6 @@ def checksum(tensors: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_segment(folder: Path, cache: KVCache, start: int, end: int, tokens: list[int],
                   identity: ModelIdentity) -> Segment:
     """Save positions [start, end) of the cache, computed from tokens[:end]. Atomic."""
@@ -73,14 +66,7 @@ def write_segment(folder: Path, cache: KVCache, start: int, end: int, tokens: li
     meta = {"format": FORMAT, "start": str(start), "end": str(end), "prefix": seg.prefix,
             "identity": identity.to_json(), "checksum": checksum(tensors)}
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{seg.path.name}.{os.getpid()}.tmp"
-    try:
-        save_file(tensors, str(tmp), metadata=meta)
-        fsync_path(tmp)
-        os.replace(tmp, seg.path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_path(folder)  # the rename itself is durable only once the folder is synced
+    write_atomic(seg.path, save(tensors, metadata=meta))
     return seg
 
 
@@ -103,22 +89,12 @@ def scan(folder: Path) -> tuple[list[Segment], list[Path]]:
         return [], []
     good, bad = [], []
     for p in sorted(folder.iterdir()):
-        if p.name.endswith(".tmp"):
+        if is_temp(p.name):
             remove_orphan_tmp(p)
         elif p.name.endswith(SUFFIX):
             seg = read_header(p)
             (good if seg else bad).append(seg or p)
     return good, bad
-
-
-def remove_orphan_tmp(p: Path) -> None:
-    try:
-        pid = int(p.name.rsplit(".", 2)[-2])
-        os.kill(pid, 0)  # the writer still runs: leave its file alone
-    except ProcessLookupError:
-        p.unlink(missing_ok=True)
-    except (ValueError, OSError):
-        pass
 
 
 def plan_chain(segments: list[Segment], tokens: list[int], identity: ModelIdentity,
