@@ -60,10 +60,19 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+# Config fields added after chats were first stored, with the value that means "as before". At that
+# value they stay out of the hash, so a model's identity (and its chats' KV snapshots) survives a
+# release that teaches the config something new.
+LATER_FIELDS = {"attention_bias": False, "qk_norm": False, "rope_scaling": None, "rope_freq_factors": None}
+
+
 def config_hash(model: torch.nn.Module) -> str:
     cfg = getattr(model, "config", None)
-    body = json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str) if dataclasses.is_dataclass(cfg) \
-        else repr(cfg)
+    if dataclasses.is_dataclass(cfg):
+        fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in LATER_FIELDS or LATER_FIELDS[k] != v}
+        body = json.dumps(fields, sort_keys=True, default=str)
+    else:
+        body = repr(cfg)
     return sha256_text(f"{type(model).__module__}.{type(model).__qualname__}:{body}")
 
 
