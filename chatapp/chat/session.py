@@ -4,7 +4,9 @@ INVARIANT (docs/cache-invariant.md): the cache holds exactly the K/V of
 `tokens[:cache.pos]`; `tokens[cache.pos:]` are pending and get prefilled at the start of
 the next generation. `tokens` always equals the chat template rendered over the
 exchanges in the context, piece by piece (a trim moves the oldest to `archive`, text
-only). Every method below leaves that true when it returns or yields.
+only); a reply takes the form the template gives it in the history when the next user
+message comes (Qwen3 drops its thinking: docs/chat-formats.md). Every method below leaves
+that true when it returns or yields.
 """
 
 from __future__ import annotations
