@@ -26,8 +26,11 @@ REPLIES = ("Hi! How can I help?", "2+2 is 4.")
 # Thinking as Qwen3 writes it, and untidy (the template normalises its newlines).
 THINKING = ("<think>\nThe user greets me.\n</think>\n\nHi! How can I help?",
             "<think>\n\nAdd them.\n\n</think>\n\n\n2+2 is 4.")
-# Whitespace a template may trim (Llama 3 does, ChatML does not).
-UNTIDY = ("Hi! How can I help?\n", " 2+2 is 4. ")
+# Whitespace a template may trim (Llama 3 does, ChatML does not). Trailing only: a reply's
+# leading space can join the header's newline in one token when the text is re-tokenized
+# (SmolLM2's "\n "), which the model, writing after that newline, never does: that is the
+# tokenizer's doing, not the template's (docs/chat-formats.md).
+UNTIDY = ("Hi! How can I help?\n", "2+2 is 4. ")
 
 
 def marker(fmt: str) -> str:
