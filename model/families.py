@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from kvcache import KVCache
+from model.chat_formats.recognize import template_for
 from model.graph_config import GraphConfig
 from model.kernels import triton_available
 from model.kernels.nanochat_step import NanochatTorchStep
@@ -21,7 +22,7 @@ from model.kernels.torch_step import LlamaTorchStep
 from model.llama import Llama, LlamaConfig
 from model.nanochat import Nanochat
 from model.nanochat_config import NanochatConfig
-from model.templates import ChatTemplate, NanochatFormat, template_for
+from model.templates import ChatTemplate, NanochatFormat
 from model.tokenizer import Tokenizer
 
 

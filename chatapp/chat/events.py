@@ -15,6 +15,7 @@ from typing import Literal
 @dataclass
 class TextDelta:
     text: str
+    thinking: bool = False   # part of the reply's thinking block (Qwen3's <think>), not its answer
 
 
 @dataclass
@@ -40,6 +41,7 @@ class TurnStats:
     kv_bytes_allocated: int
     backend: str
     tool_calls: list[ToolCall] = field(default_factory=list)
+    thinking: str = ""       # the reply's thinking block, left out of `reply`
     event: str = "turn"
 
 

@@ -4,7 +4,9 @@ INVARIANT (docs/cache-invariant.md): the cache holds exactly the K/V of
 `tokens[:cache.pos]`; `tokens[cache.pos:]` are pending and get prefilled at the start of
 the next generation. `tokens` always equals the chat template rendered over the
 exchanges in the context, piece by piece (a trim moves the oldest to `archive`, text
-only). Every method below leaves that true when it returns or yields.
+only); a reply takes the form the template gives it in the history when the next user
+message comes (Qwen3 drops its thinking: docs/chat-formats.md). Every method below leaves
+that true when it returns or yields.
 """
 
 from __future__ import annotations
@@ -128,6 +130,7 @@ class Session:
         self.cancel_flag.clear()  # before the trim's re-fill, so a stop pressed during it counts
 
         def turn() -> Iterator[Event]:
+            self._last_reply_as_history()
             yield from self._make_room(len(new))
             self.exchanges.append(Exchange(text, len(self.tokens), len(self.tokens) + len(new)))
             self.tokens.extend(new)
@@ -157,6 +160,19 @@ class Session:
             yield Error(f"the model failed during this turn ({type(e).__name__}: {reason}); "
                         f"the chat is as it was before it")
 
+    def _last_reply_as_history(self) -> None:
+        """A user message follows the last reply now: give it the tokens the official template
+        gives a reply in the history (Qwen3 drops its thinking, Llama 3 trims it), rewinding
+        the cache to where they change. Most replies stay as generated: nothing to redo."""
+        if not self.exchanges:
+            return
+        ex, closing = self.exchanges[-1], self.template.end_reply()
+        hist = self.template.as_history(self.tokens[ex.reply_start:ex.end - len(closing)])
+        if hist is not None:
+            self.truncate(ex.reply_start)
+            self.tokens += hist + closing
+            ex.end = len(self.tokens)
+
     def _reply(self) -> Iterator[Event]:
         ex = self.exchanges[-1]
         s = self.settings
@@ -171,6 +187,7 @@ class Session:
         decoder = self.tok.stream_decoder()
         closing = len(self.template.end_reply())
         stop, n, t_first = "length", 0, None
+        think, thinking = self.template.think_ids or (), False
         while n < self.settings.max_new_tokens:
             tok = self.gen.sample()
             if t_first is None:
@@ -180,8 +197,12 @@ class Session:
                 break
             self.tokens.append(tok)
             n += 1
-            if text := decoder.push(tok):
-                yield TextDelta(text)
+            if tok in think:  # the block's markers are structure, not text: the flag carries them
+                if tail := decoder.flush():
+                    yield TextDelta(tail, thinking)
+                thinking = tok == think[0]
+            elif text := decoder.push(tok):
+                yield TextDelta(text, thinking)
             if self.cancel_flag.is_set():
                 stop = "cancel"
                 break
@@ -195,9 +216,9 @@ class Session:
                 self.tokens.extend(forced)
                 self.gen.prefill(forced)
                 if text := decoder.push_many(forced):
-                    yield TextDelta(text)
+                    yield TextDelta(text, thinking)
         if tail := decoder.flush():
-            yield TextDelta(tail)
+            yield TextDelta(tail, thinking)
         t_end = time.perf_counter()
         ex.reply = self.tok.decode(self.tokens[ex.reply_start:])
         ex.tool_calls = tools.calls
@@ -207,8 +228,9 @@ class Session:
 
     def _stats(self, ex, prefill_tokens, cached_before, n, t0, t_first, t_end, stop) -> TurnStats:
         decode_s = t_end - t_first
+        thinking, reply = self.template.split_thinking(ex.reply)  # ex.reply keeps both: the store's text
         st = TurnStats(
-            turn=self.turns, user=ex.user, reply=ex.reply, prefill_tokens=prefill_tokens,
+            turn=self.turns, user=ex.user, reply=reply, thinking=thinking, prefill_tokens=prefill_tokens,
             cached_before=cached_before, cache_seqlens=self.cache.pos, capacity=self.cache.capacity,
             decode_tokens=n, ttft_ms=(t_first - t0) * 1000,
             tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0, stop=stop,

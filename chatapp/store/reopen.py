@@ -67,7 +67,7 @@ def fits_template(session: Session, chat: ChatData, tokens: list[int], exchanges
     """The stored ids are this template's rendering of the transcript (replies aside)."""
     t = session.template
     closing = t.end_reply()
-    return tokens[:len(chat.prefix_tokens)] == t.start(chat.system) and all(
+    return t.fits_start(tokens[:len(chat.prefix_tokens)], chat.system) and all(
         tokens[ex.start:ex.reply_start] == t.user_turn(ex.user) and tokens[ex.end - len(closing):ex.end] == closing
         for ex in exchanges)
 

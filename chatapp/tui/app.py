@@ -201,7 +201,7 @@ class ChatApp(App[None]):
     # --- session events ----------------------------------------------------------------
     async def on_text_batch(self, msg: TextBatch) -> None:
         self.batches += 1
-        await (await self.transcript.reply()).write(msg.text)
+        await (await self.transcript.reply()).write(msg.text, msg.thinking)
         self.call_after_refresh(self.gate.drawn)
 
     async def on_session_event(self, msg: SessionEvent) -> None:
@@ -271,7 +271,8 @@ class ChatApp(App[None]):
         """Redraw the transcript from the session's exchanges."""
         await self.transcript.clear()
         for ex in self.session.archive + self.session.exchanges:
-            await self.transcript.add_exchange(ex.user, ex.reply, ex.tool_calls)
+            thinking, reply = self.session.template.split_thinking(ex.reply)
+            await self.transcript.add_exchange(ex.user, reply, ex.tool_calls, thinking)
         self.transcript.mark_dropped(len(self.session.archive))  # out of the context: dimmed, as when trimmed
 
     async def show_error(self, ev: Error) -> None:

@@ -27,11 +27,11 @@ BATCH_INTERVAL_S = 0.05
 
 
 class TextBatch(Message):
-    """Reply text: one or more deltas, joined."""
+    """Reply text: one or more deltas, joined; all thinking or all answer."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, thinking: bool = False) -> None:
         super().__init__()
-        self.text = text
+        self.text, self.thinking = text, thinking
 
 
 class SessionEvent(Message):
@@ -99,19 +99,23 @@ def pump(events: Iterable[Event], post: Callable[[Message], object], gate: Gate 
     """Drain `events` into `post`; returns how many TextBatch messages were posted."""
     gate = gate or Gate()
     pending: list[str] = []
+    thinking = False  # what `pending` is: a batch never mixes thinking and answer
     batches = 0
 
     def flush() -> None:
         nonlocal batches
         if pending:
             gate.sent()
-            post(TextBatch("".join(pending)))
+            post(TextBatch("".join(pending), thinking))
             pending.clear()
             batches += 1
 
     try:
         for ev in events:
             if isinstance(ev, TextDelta):
+                if ev.thinking != thinking:
+                    flush()
+                    thinking = ev.thinking
                 pending.append(ev.text)
                 if gate.ready():
                     flush()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
-from textual.widgets import Markdown, ProgressBar, Static
+from textual.widgets import Collapsible, Markdown, ProgressBar, Static
 from textual.widgets.markdown import MarkdownStream
 
 from chatapp.chat.events import ToolCall
@@ -96,6 +96,24 @@ class LoadStatus(Vertical):
             self.bar.update(progress=fraction)
 
 
+class Thinking(Collapsible):
+    """A reply's thinking block: dimmed plain text, open while the model thinks, folded once
+    the answer starts (a click or Enter on the title opens it again)."""
+
+    def __init__(self) -> None:
+        self.body = Static("", classes="thinking")
+        super().__init__(self.body, title="thinking", collapsed=False)
+        self.parts: list[str] = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts).strip("\n")
+
+    def add(self, text: str) -> None:
+        self.parts.append(text)
+        self.body.update(Content(visible(self.text)))
+
+
 class ReplyPiece:
     """One Markdown block of a reply and its stream (a tool call starts a new one)."""
 
@@ -118,6 +136,7 @@ class Reply(Vertical):
         self.markup = ToolMarkup(markers)
         self.segments: list[ReplyPiece] = []
         self.open: ReplyPiece | None = None
+        self.thinking: Thinking | None = None
         self.finished = False
         self.border_title = title
 
@@ -126,7 +145,15 @@ class Reply(Vertical):
         """The visible reply text so far, tool spans left out."""
         return "".join("".join(s.parts) for s in self.segments)
 
-    async def write(self, text: str) -> None:
+    async def write(self, text: str, thinking: bool = False) -> None:
+        if thinking:
+            if self.thinking is None:
+                self.thinking = Thinking()
+                await self.mount(self.thinking)
+            self.thinking.add(text)
+            return
+        if self.thinking is not None and text.strip():
+            self.thinking.collapsed = True  # the answer has started
         for piece in self.markup.feed(text):
             if piece is None:
                 await self._close_open()
@@ -144,7 +171,7 @@ class Reply(Vertical):
         await self._close_open()
         for seg in self.segments:
             await seg.widget.update(visible("".join(seg.parts)))
-        if not self.segments and not tool_calls:
+        if not self.segments and not tool_calls and self.thinking is None:
             await self.mount(Notice("(empty reply)", "dim"))
         if note := STOP_NOTES.get(stop):
             self.border_subtitle = note
@@ -200,10 +227,12 @@ class Transcript(VerticalScroll, can_focus=True):
         await self.mount(r)
         return r
 
-    async def add_exchange(self, user: str, reply: str, tool_calls: list[ToolCall]) -> None:
+    async def add_exchange(self, user: str, reply: str, tool_calls: list[ToolCall], thinking: str = "") -> None:
         """A finished exchange at once (a restored chat); its tool calls follow its text."""
         await self.add_user(user)
         r = await self.reply()
+        if thinking:
+            await r.write(thinking, thinking=True)
         await r.write(reply)
         for call in tool_calls:
             await r.add_tool_call(call)

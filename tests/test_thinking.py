@@ -1,0 +1,125 @@
+"""Qwen3's thinking end to end: a real (tiny) Llama steered to reply <think>Plan</think>Hi!
+goes through the real session, headless mode, the store and the Textual app. The reply text
+leaves the thinking out, the thinking travels apart, and the history the model sees next turn
+is what the official template renders: earlier thinking dropped (docs/chat-formats.md).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+from test_chat_formats import messages, official, source
+from test_tool_session import assert_cache_holds_tokens
+from tui_pilot import make_app, ready, replies, submit
+
+from chatapp.chat.events import TextDelta, TurnStats
+from chatapp.chat.session import Session
+from chatapp.chat.settings import Settings
+from chatapp.headless import run_headless
+from chatapp.store.database import ChatStore
+from chatapp.store.keeper import ChatKeeper
+from chatapp.tui.transcript import Thinking
+from kvcache import Attention
+from model.chat_formats.recognize import template_for
+from model.llama import Llama, LlamaConfig
+from model.loading import LoadedModel
+from model.templates import Qwen3, encode_rendered
+from model.tokenizer import Tokenizer, byte_level_encoding
+
+pytestmark = pytest.mark.anyio
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+USERS = ["Hi, who are you?", "Name three colours.", "Which is warmest?"]
+SCRIPT = "<think>Plan</think>Hi!<|im_end|>"  # distinct tokens: each one names its successor
+
+
+def scripted_qwen3() -> LoadedModel:
+    """A Llama whose greedy reply after the assistant header is SCRIPT: the script's token
+    embeddings are orthogonal and lm_head maps each to its successor; attention and MLPs
+    still run (scaled down) and write the cache."""
+    tok = Tokenizer(byte_level_encoding("bytes-qwen3", SPECIALS), eos="<|endoftext|>")
+    fmt = template_for(tok, source("Qwen-Qwen3-0.6B"))
+    assert isinstance(fmt, Qwen3)
+    script = encode_rendered(tok, "\n" + SCRIPT)  # "\n": the header's last token starts it
+    assert len(set(script)) == len(script)
+    cfg = LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = Llama(cfg, Attention("sdpa"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0.0, 0.02 if "proj" in name and ("o_proj" in name or "down" in name) else 0.1)
+        basis = torch.linalg.qr(torch.randn(64, 64))[0].T * 8.0
+        for i, t in enumerate(script):
+            model.model.embed_tokens.weight[t] = basis[i]
+        model.lm_head.weight.zero_()
+        for i, nxt in enumerate(script[1:]):
+            model.lm_head.weight[nxt] += 0.5 * basis[i]
+    return LoadedModel(model.eval(), tok, fmt, "scripted qwen3", cfg.max_position_embeddings)
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    return scripted_qwen3()
+
+
+def session(lm: LoadedModel) -> Session:
+    return Session(lm, Settings(temperature=0.0, max_new_tokens=20), context=512)
+
+
+def test_the_session_splits_thinking_and_shows_the_model_the_official_history(qwen3):
+    s = session(qwen3)
+    for k, user in enumerate(USERS):
+        events = list(s.send(user))
+        (st,) = [e for e in events if isinstance(e, TurnStats)]
+        deltas = [e for e in events if isinstance(e, TextDelta)]
+        assert "".join(d.text for d in deltas if d.thinking) == "Plan"
+        assert "".join(d.text for d in deltas if not d.thinking) == "Hi!"
+        assert (st.reply, st.thinking, st.stop) == ("Hi!", "Plan", "end")
+        # What the model read before this reply: the official template over the chat so far.
+        prompt = s.tokens[:s.exchanges[-1].reply_start]
+        want = official("Qwen-Qwen3-0.6B", messages(None, USERS[:k + 1], ["<think>Plan</think>Hi!"] * k))
+        assert prompt == encode_rendered(s.tok, want)
+        if k:  # the last reply lost its thinking: re-prefilled from its start, and no further
+            assert st.cached_before == s.exchanges[-2].reply_start
+    assert s.exchanges[0].reply == "<think>Plan</think>Hi!"  # the store's text keeps it
+    assert_cache_holds_tokens(s)
+
+
+def test_headless_turns_carry_thinking_apart(qwen3):
+    out = io.StringIO()
+    run_headless(ChatKeeper(session(qwen3), None), io.BytesIO("\n".join(USERS[:2]).encode() + b"\n"), out=out)
+    turns = [e for e in map(json.loads, out.getvalue().splitlines()) if e["event"] == "turn"]
+    assert [(t["reply"], t["thinking"]) for t in turns] == [("Hi!", "Plan")] * 2
+
+
+def test_a_stored_chat_reopens_with_its_thinking(qwen3, tmp_path):
+    k = ChatKeeper(session(qwen3), ChatStore(tmp_path))
+    for user in USERS[:2]:
+        list(k.send(user))
+    tokens, chat = list(k.session.tokens), k.chat_id
+    k2 = ChatKeeper(session(qwen3), ChatStore(tmp_path))
+    list(k2.run_command(f"/load {chat}"))
+    s2 = k2.session
+    assert s2.tokens == tokens
+    assert [s2.template.split_thinking(ex.reply) for ex in s2.exchanges] == [("Plan", "Hi!")] * 2
+    (st,) = [e for e in s2.send(USERS[2]) if isinstance(e, TurnStats)]
+    assert st.thinking == "Plan" and st.cached_before == s2.exchanges[-2].reply_start
+
+
+async def test_the_app_shows_thinking_dimmed_and_folds_it_once_the_answer_starts(qwen3):
+    app = make_app(opener=lambda args, progress: ChatKeeper(session(qwen3), None))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await submit(pilot, USERS[0])
+        reply = app.transcript.exchanges[0].reply
+        (view,) = reply.query(Thinking)
+        assert view.text == "Plan" and view.collapsed and view.body.has_class("thinking")
+        assert replies(app) == ["Hi!"]
+        await app.show_history()  # a restored chat is drawn the same way
+        (view,) = app.transcript.exchanges[0].reply.query(Thinking)
+        assert view.text == "Plan" and replies(app) == ["Hi!"]
