@@ -123,3 +123,12 @@ async def test_the_app_shows_thinking_dimmed_and_folds_it_once_the_answer_starts
         await app.show_history()  # a restored chat is drawn the same way
         (view,) = app.transcript.exchanges[0].reply.query(Thinking)
         assert view.text == "Plan" and replies(app) == ["Hi!"]
+
+
+def test_an_export_folds_the_thinking_apart_from_the_answer(qwen3, tmp_path):
+    k = ChatKeeper(session(qwen3), None)
+    list(k.send(USERS[0]))
+    (info,) = list(k.run_command(f"/export {tmp_path / 'chat.md'}"))
+    text = (tmp_path / "chat.md").read_text()
+    assert "<details><summary>thinking</summary>\n\nPlan\n\n</details>\n\nHi!\n" in text
+    assert "<think>" not in text and info.data["exchanges"] == 1

@@ -19,7 +19,7 @@ class ExportedChat:
     title: str
     model: str
     system: str
-    turns: list[tuple[str, str, list[ToolCall]]] = field(default_factory=list)  # (user, reply, tools)
+    turns: list[tuple[str, str, str, list[ToolCall]]] = field(default_factory=list)  # (user, reply, thinking, tools)
     chat_id: int | None = None
     created: float | None = None
 
@@ -30,8 +30,11 @@ def to_markdown(t: ExportedChat) -> str:
     if t.system:
         head += ["## System", "", *quote(t.system), ""]
     body = []
-    for user, reply, tools in t.turns:
-        body += ["## User", "", user.rstrip(), "", "## Assistant", "", reply.rstrip(), ""]
+    for user, reply, thinking, tools in t.turns:
+        body += ["## User", "", user.rstrip(), "", "## Assistant", ""]
+        if thinking:  # folded, as the app shows it
+            body += ["<details><summary>thinking</summary>", "", thinking.strip(), "", "</details>", ""]
+        body += [reply.rstrip(), ""]
         for call in tools:
             body += [f"- calculator: `{call.expr}` = `{call.result}`" if call.result is not None
                      else f"- calculator: `{call.expr}` (not a valid expression)"]

@@ -342,7 +342,8 @@ class ChatKeeper:
     def export(self, dest: str) -> Iterator[Event]:
         s = self.session
         t = ExportedChat(self.title or default_title(s), s.lm.name, s.system,
-                       [(ex.user, ex.reply, ex.tool_calls) for ex in s.archive + s.exchanges], self.chat_id,
+                       [(ex.user, *s.template.split_thinking(ex.reply)[::-1], ex.tool_calls)
+                        for ex in s.archive + s.exchanges], self.chat_id,
                        self.created or None)
         try:
             path = export(t, dest)
