@@ -68,9 +68,11 @@ def add_vocab(w: GGUFWriter, template: str, eos: str) -> None:
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
-    w.add_token_types([3 if t.startswith("<|") else 1 for t in tokens])
+    # <|...|> markers are CONTROL (3); Qwen3's <think> tags USER_DEFINED (4), as the converter writes them
+    w.add_token_types([3 if t.startswith("<|") else 4 if t in ("<think>", "</think>") else 1 for t in tokens])
     w.add_token_merges([" ".join(m) for m in model["merges"]])
     w.add_eos_token_id(model["vocab"][eos])
+    w.add_bos_token_id(model["vocab"]["<|begin_of_text|>"])
     w.add_chat_template(template)
 
 
@@ -122,7 +124,7 @@ def test_gguf_logits_equal_transformers(tmp_path, name, quant):
     t = lm.template
     first = t.start("Be brief.") + t.user_turn("hello there")
     second = [5, 77, 120, *t.end_reply(), *t.user_turn("the capital of France? 12")]
-    cache = lm.model.new_cache(128)
+    cache = lm.model.new_cache(256)
     with torch.no_grad():
         got = torch.cat([lm.model(torch.tensor([first]), cache)[0], lm.model(torch.tensor([second]), cache)[0]])
         ref = hf(torch.tensor([first + second])).logits[0]

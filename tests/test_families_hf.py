@@ -23,10 +23,11 @@ from model.loading import load_model
 transformers = pytest.importorskip("transformers")
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>",
-            "<|end_header_id|>", "<|eot_id|>"]
-CHATML = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-LLAMA3 = ("{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>"
-          "{% endfor %}")
+            "<|end_header_id|>", "<|eot_id|>", "<think>", "</think>"]
+TEMPLATES = Path(__file__).parent / "data" / "chat_templates"   # the vendors' own chat templates
+QWEN25 = (TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+QWEN3 = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
+LLAMA3 = (TEMPLATES / "meta-llama-Llama-3.2-3B-Instruct.jinja").read_text()
 SHAPE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6)
 # Wavelengths 6.3, 20, 63, 200, ... against an original context of 64: all three llama3 bands.
@@ -35,8 +36,8 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "hi
 VARIANTS = {   # name: (transformers config class, its extra settings, chat template, EOS)
     "llama3-untied": ("LlamaConfig", dict(rope_theta=10000.0, rope_scaling=LLAMA3_ROPE, tie_word_embeddings=False),
                       LLAMA3, "<|eot_id|>"),
-    "qwen2-tied": ("Qwen2Config", dict(rope_theta=1000.0, tie_word_embeddings=True), CHATML, "<|im_end|>"),
-    "qwen3-untied": ("Qwen3Config", dict(head_dim=32, tie_word_embeddings=False), CHATML, "<|im_end|>"),
+    "qwen2-tied": ("Qwen2Config", dict(rope_theta=1000.0, tie_word_embeddings=True), QWEN25, "<|im_end|>"),
+    "qwen3-untied": ("Qwen3Config", dict(head_dim=32, tie_word_embeddings=False), QWEN3, "<|im_end|>"),
 }
 
 
@@ -68,7 +69,8 @@ def save_variant(d: Path, name: str, seed: int = 0) -> torch.nn.Module:
     spread_weights(hf, seed)
     hf.save_pretrained(d, safe_serialization=True)
     (d / "tokenizer.json").write_text(tok.to_str(), encoding="utf-8")
-    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "eos_token": eos}))
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "eos_token": eos,
+                                                         "bos_token": "<|begin_of_text|>"}))
     return hf
 
 
@@ -144,7 +146,8 @@ def test_greedy_chat_equals_generate(variant):
         mine = s.tokens[ex.reply_start:ex.end - len(lm.template.end_reply())]
         with torch.no_grad():
             out = hf.generate(torch.tensor([s.tokens[:ex.reply_start]]), max_new_tokens=len(mine) + 1,
-                              do_sample=False, pad_token_id=0)[0, ex.reply_start:].tolist()
+                              do_sample=False, pad_token_id=0,   # both stop where the chat format stops
+                              eos_token_id=sorted(stops))[0, ex.reply_start:].tolist()
         assert out[:len(mine)] == mine
         assert len(mine) == 8 or out[len(mine)] in stops   # stopped where generate stops
         return mine
