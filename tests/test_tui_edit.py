@@ -46,6 +46,7 @@ async def test_up_then_ctrl_e_edits_the_recalled_message_and_keeps_the_old_conti
         st = s.history[-1]
         assert (st.turn, st.cached_before) == (2, start)
         assert row(app, "cached") == f"{start} reused"
+        assert row(app, "turns").startswith("2, ")  # the figures of turns 2 and 3 went with them
         assert "Edited message 2; the old continuation is kept as chat #2." in notices(app)
         assert_invariant(s)
         store = app.keeper.store
