@@ -1,5 +1,5 @@
 """Crash campaign: `kill -9` the real headless app right after each kind of event (turn, undo,
-retry, reset, system, set, save, load, trim), and at random moments inside turns and snapshot
+retry, reset, system, set, save, load, trim, edit), and at random moments inside turns and snapshot
 writes. After each kill the store must hold exactly what was reported (tests/crash_ledger.py),
 pass `integrity_check`, and the next start must leave no temp or orphan file in the snapshots.
 
@@ -28,13 +28,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from tests.crash_ledger import Disk, Ledger, leftovers, read_disk  # noqa: E402
 
-EVENT_KINDS = ["turn", "undo", "retry", "reset", "system", "set", "save", "load", "trim"]
+EVENT_KINDS = ["turn", "undo", "retry", "reset", "system", "set", "save", "load", "trim", "edit"]
 RANDOM_KINDS = ["mid-turn", "mid-snapshot"]
 KINDS = EVENT_KINDS + RANDOM_KINDS
 # --context 256: a trim comes within a few turns. Temperature 1: /retry gives another reply.
 FLAGS = ["--headless", "--model", "random:tiny", "--context", "256", "--max-new-tokens", "48", "--temperature", "1"]
 # the event that ends each kind of input line (an error ends any)
-ENDS = {"/undo": "undo", "/reset": "reset", "/system": "system", "/set": "info", "/save": "saved", "/load": "load"}
+ENDS = {"/undo": "undo", "/reset": "reset", "/system": "system", "/set": "info", "/save": "saved", "/load": "load",
+        "/edit": "edit"}
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -65,6 +66,9 @@ def plan(kind: str, r: int, rng: random.Random, have_chats: bool) -> Trial:
     n = rng.randint(1, 3)
     if kind == "trim":
         return Trial(kind, say)  # sent until a trim comes
+    if kind == "edit":  # a new chat of one or two exchanges (no trim yet), killed once the rewind is reported
+        n = rng.randint(1, 2)
+        return Trial(kind, say[:n] + [f"/edit {rng.randint(1, n)} trial {r} edited {rng.choice(['hi', 'why?'])}"])
     if kind in RANDOM_KINDS:
         # inside a turn: prefill, decode, commit, print or snapshot; inside a snapshot write: just after the turn line
         delay = rng.uniform(0, 0.25) if kind == "mid-turn" else rng.uniform(0, 0.006)
@@ -143,7 +147,8 @@ def drive(app: App, trial: Trial) -> str | None:
             while time.perf_counter() < end:  # spin: a sleep would overshoot a millisecond
                 pass
             app.kill()
-            return None
+            # killed at /edit's rewind: the edited message's turn is under way, maybe committed
+            return line.split(maxsplit=2)[2] if trial.kind == "edit" and ev["event"] == "edit" else None
     raise AssertionError(f"{trial.kind}: no trigger came in {trial.lines}")
 
 

@@ -76,6 +76,7 @@ class Ledger:
         self.retrying = False
         self.set_values: dict = {}
         self.stored_here: set[int] = set()  # chats this process committed
+        self.editing = 0         # /edit's message number, from its branch event until its rewind
         self.problems: list[str] = []
 
     def apply(self, ev: dict) -> None:
@@ -164,6 +165,20 @@ class Ledger:
             self.problems.append(f"/load reported {ev['messages']} messages, the ledger has "
                                  f"{self.chats[self.current].pairs}")
         self.touch()  # opening saves it again (its settings as this session renders them)
+
+    def on_branch(self, ev: dict) -> None:
+        """/edit: the chat as it was is now a stored chat of its own (committed before this line)."""
+        self.editing = ev["from_message"]
+        if ev["branch"] is None:
+            return
+        self.chats[ev["branch"]] = View(ev["title"], {}, list(self.chats[self.current].pairs))
+        self.next_id, self.latest = max(self.next_id, ev["branch"] + 1), ev["branch"]
+
+    def on_edit(self, _ev: dict) -> None:
+        """The rewind: message N and the ones after it are gone from the chat (committed)."""
+        del self.chats[self.current].pairs[self.editing - 1:]
+        self.ephemeral = False  # the branch names it: it stays even when emptied
+        self.touch()
 
     def on_error(self, ev: dict) -> None:
         self.problems.append(f"error event {ev['message']}")

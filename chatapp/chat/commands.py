@@ -48,6 +48,8 @@ TABLE = [
                 screen="chats"),
     CommandSpec("/export", "write this chat as Markdown", "[PATH]", handler="export", store=True),
     CommandSpec("/quit", "leave", handler="quit", screen="quit"),
+    CommandSpec("/edit", "rewind to message N and send TEXT in its place; the old continuation stays stored "
+                "as a branch (Ctrl+E in the TUI)", "N TEXT", handler="edit", store=True),
 ]
 COMMANDS = {c.name: c for c in TABLE}
 

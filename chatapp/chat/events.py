@@ -56,8 +56,8 @@ class Trimmed:
 
 
 # What moved the cache: a new chat, retry's rewind, an undone exchange, a new system prompt,
-# or a turn the model failed in, put back as it was before it.
-CacheStep = Literal["reset", "retry", "undo", "system", "undone"]
+# a turn the model failed in, put back as it was before it, or /edit's rewind to an earlier message.
+CacheStep = Literal["reset", "retry", "undo", "system", "undone", "edit"]
 
 
 @dataclass
@@ -126,7 +126,27 @@ class Restored:
         return ", ".join(parts) + (f" ({self.detail})" if self.detail else "")
 
 
-Event = TextDelta | ToolCall | TurnStats | Trimmed | CacheState | Info | Error | Quit | Saved | Restored
+@dataclass
+class Branched:
+    """/edit N TEXT, before its rewind: the chat goes on from message N with TEXT, and what
+    followed from N on is kept as stored chat `branch` (None: chats are not kept here)."""
+
+    chat: int | None          # the edited chat: it keeps its id
+    branch: int | None        # the stored copy of the chat as it was before the edit
+    title: str                # the branch's title
+    from_message: int         # N: the exchange number as shown, trimmed ones counted
+    text: str                 # the new message
+    snapshot_tokens: int      # K/V positions the branch's snapshot shares with the chat (linked files)
+    event: str = "branch"
+
+    @property
+    def line(self) -> str:
+        kept = (f"the old continuation is kept as chat #{self.branch}" if self.branch is not None
+                else "the old continuation is not kept (chats are not stored)")
+        return f"Edited message {self.from_message}; {kept}"
+
+
+Event = TextDelta | ToolCall | TurnStats | Trimmed | CacheState | Info | Error | Quit | Saved | Restored | Branched
 
 
 def to_json(ev: Event) -> dict:

@@ -115,27 +115,36 @@ class Session:
     def send(self, text: str) -> Iterator[Event]:
         """A user message: render only its tokens, prefill what is pending, decode."""
         text = text.strip()
+        try:
+            new = self.user_tokens(text, first=not self.exchanges)
+        except UserError as e:
+            yield Error(str(e))
+            return
+        yield from self._undoable(self.turn(text, new))
+
+    def user_tokens(self, text: str, first: bool) -> list[int]:
+        """The tokens a user message adds (with the system prompt folded in when it is the
+        `first` in the context, for families that do that); UserError, nothing changed, when it
+        cannot be sent. /edit checks with it before it rewinds (chatapp/chat/edit.py)."""
         if not text:
-            yield Error("empty message")
-            return
+            raise UserError("empty message")
         if not is_text(text):
-            yield Error("message is not valid Unicode (it holds a lone surrogate); nothing was sent")
-            return
-        new = self.template.user_turn(text, "" if self.exchanges else self.system)
+            raise UserError("message is not valid Unicode (it holds a lone surrogate); nothing was sent")
+        new = self.template.user_turn(text, self.system if first else "")
         room = self.cache.capacity - self.prefix_len - 1
         if len(new) > room:
-            yield Error(f"message too long: {len(new)} tokens, the context holds {room} after the "
-                        f"system prompt ({self.room_hint()})")
-            return
-        self.cancel_flag.clear()  # before the trim's re-fill, so a stop pressed during it counts
+            raise UserError(f"message too long: {len(new)} tokens, the context holds {room} after the "
+                            f"system prompt ({self.room_hint()})")
+        return new
 
-        def turn() -> Iterator[Event]:
-            self._last_reply_as_history()
-            yield from self._make_room(len(new))
-            self.exchanges.append(Exchange(text, len(self.tokens), len(self.tokens) + len(new)))
-            self.tokens.extend(new)
-            yield from self._reply()
-        yield from self._undoable(turn())
+    def turn(self, text: str, new: list[int]) -> Iterator[Event]:
+        """The turn for a message `user_tokens` gave `new` for; run it inside `_undoable`."""
+        self.cancel_flag.clear()  # before the trim's re-fill, so a stop pressed during it counts
+        self._last_reply_as_history()
+        yield from self._make_room(len(new))
+        self.exchanges.append(Exchange(text, len(self.tokens), len(self.tokens) + len(new)))
+        self.tokens.extend(new)
+        yield from self._reply()
 
     def _undoable(self, turn: Iterator[Event]) -> Iterator[Event]:
         """Run a turn; if the model fails mid-turn (NaN logits from bad weights, out of memory),

@@ -20,8 +20,10 @@ from collections.abc import Iterator
 from safetensors import SafetensorError
 
 from chatapp.chat.commands import parse_chat_id, parse_command, run_handler
+from chatapp.chat.edit import check_edit, rewind_and_send
 from chatapp.chat.events import CacheState, Error, Event, Info, Restored, Saved, Trimmed, TurnStats
 from chatapp.chat.session import Session
+from chatapp.store.branch import keep_branch
 from chatapp.store.database import ChatChanged, ChatData, ChatStore, StoredMessage, StoreError, describe
 from chatapp.store.export import ExportedChat, export
 from chatapp.store.identity import Fingerprint, ModelIdentity, tokenizer_fingerprint
@@ -352,3 +354,12 @@ class ChatKeeper:
             return
         yield Info(f"exported {len(t.turns)} exchanges to {path}", {"path": str(path), "exchanges": len(t.turns)})
 
+    def edit(self, arg: str) -> Iterator[Event]:
+        """/edit N TEXT (chatapp/chat/edit.py). The chat as it is now is committed as a new chat
+        first, the branch, and reported; then the chat rewinds to message N (committed before
+        its `edit` event) and goes on with TEXT under its own id. Served here even without a
+        store: the edit works, only the old continuation is not kept."""
+        n, text, new = check_edit(self.session, arg)  # UserError: refused, nothing changed
+        yield keep_branch(self, n, text)
+        self.ephemeral = False  # the branch's title names this chat: an /undo to empty must not delete it
+        yield from self._track(rewind_and_send(self.session, n, text, new))

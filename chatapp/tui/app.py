@@ -13,17 +13,30 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from textual import work
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
 from chatapp.chat.commands import TABLE, CommandSpec, parse_command, split_input
-from chatapp.chat.events import CacheState, Error, Event, Info, Quit, Restored, Saved, ToolCall, Trimmed, TurnStats
+from chatapp.chat.events import (
+    Branched,
+    CacheState,
+    Error,
+    Event,
+    Info,
+    Quit,
+    Restored,
+    Saved,
+    ToolCall,
+    Trimmed,
+    TurnStats,
+)
 from chatapp.tui.bridge import Gate, Loaded, LoadFailed, LoadProgress, SessionEvent, TextBatch, TurnFinished, pump
 from chatapp.tui.cache_panel import CachePanel, read_memory
 from chatapp.tui.chats_screen import ChatAction, ChatsScreen
+from chatapp.tui.editing import Editing
 from chatapp.tui.input import ChatInput
 from chatapp.tui.screens import ErrorScreen, HelpScreen
 from chatapp.tui.transcript import LoadStatus, Transcript
@@ -38,7 +51,7 @@ Opener = Callable[[argparse.Namespace, Callable[[object], None]], "ChatKeeper"]
 PANEL_REFRESH_S = 0.25  # the panel updates at least 4 times a second while the model writes
 
 
-class ChatApp(App[None]):
+class ChatApp(Editing):
     CSS_PATH = "app.tcss"
     TITLE = "nanochat-tui"
     # Below 80 columns the 38-column cache panel would squeeze the chat (at 42 the input box
@@ -150,7 +163,8 @@ class ChatApp(App[None]):
 
     # --- input -------------------------------------------------------------------------
     async def on_chat_input_submitted(self, msg: ChatInput.Submitted) -> None:
-        if await self.submit(msg.text):
+        line = msg.text if msg.editing is None else f"/edit {msg.editing} {msg.text}"  # Ctrl+E's edit
+        if await self.submit(line):
             self.input.accept(msg.text)
 
     async def submit(self, text: str) -> bool:
@@ -228,6 +242,8 @@ class ChatApp(App[None]):
                 await self.show_history()
                 self.panel.clear_turns()
                 await t.notice(f"Opened chat #{ev.chat} {ev.title}: {ev.line}.", "dim")
+            case Branched():
+                await self.show_branch(ev)
             case Saved():
                 await t.notice(f"Saved as chat #{ev.chat} “{ev.title}” ({ev.snapshot_tokens} tokens in its "
                                "KV snapshot).", "dim")
@@ -300,6 +316,8 @@ class ChatApp(App[None]):
     def action_stop(self) -> None:
         if self.busy and self.session is not None:
             self.session.cancel()
+        else:
+            self.cancel_edit()
 
     def action_chats(self) -> None:
         """The stored chats: open one (its cache comes back from its snapshot), or start a new one."""

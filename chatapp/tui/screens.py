@@ -16,6 +16,8 @@ KEYS = [
     ("Enter", "send the message (or run the /command)"),
     ("Ctrl+J", "new line in the message (Shift+Enter, Alt+Enter: where the terminal sends them)"),
     ("Up / Down", "recall earlier messages when the box is empty"),
+    ("Ctrl+E", "edit an earlier message (the one Up recalled, else the last; Up/Down: another), "
+               "Enter sends it, Esc cancels"),
     ("Esc", "stop the reply being written; the partial reply is kept"),
     ("Ctrl+P", "command palette: every /command"),
     ("Ctrl+O", "the stored chats: open, rename, delete, start a new one (also /load)"),

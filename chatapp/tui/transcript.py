@@ -272,3 +272,30 @@ class Transcript(VerticalScroll, can_focus=True):
     async def clear(self) -> None:
         self.exchanges.clear()
         await self.remove_children()
+
+    # --- /edit -------------------------------------------------------------------------
+    def trimmed(self) -> int:
+        """Exchanges shown dimmed above the context: message numbers count them (Session.turns)."""
+        return len(self.query("UserMessage.dropped"))
+
+    def editable(self) -> list[tuple[int, str]]:
+        """(number as shown, text) of each user message /edit can take: those in the context."""
+        base = self.trimmed()
+        return [(base + i + 1, ex.user.text) for i, ex in enumerate(self.exchanges)]
+
+    def highlight(self, number: int | None) -> None:
+        """Mark message `number` (None: none) as the one the input box points at."""
+        base = self.trimmed()
+        for i, ex in enumerate(self.exchanges):
+            ex.user.set_class(base + i + 1 == number, "selected")
+            if base + i + 1 == number:
+                self.scroll_to_widget(ex.user, animate=False)
+
+    async def cut_from(self, number: int) -> None:
+        """/edit: message `number` and everything after it leave the screen."""
+        k = max(number - 1 - self.trimmed(), 0)
+        for ex in self.exchanges[k:]:
+            await ex.user.remove()
+            if ex.reply is not None:
+                await ex.reply.remove()
+        del self.exchanges[k:]
