@@ -48,6 +48,10 @@ TABLE = [
                 screen="chats"),
     CommandSpec("/export", "write this chat as Markdown", "[PATH]", handler="export", store=True),
     CommandSpec("/quit", "leave", handler="quit", screen="quit"),
+    CommandSpec("/copy", "copy a reply's text to the clipboard (default: the last; N: the Nth reply of the chat, "
+                "-N: N back)", "[N]", handler="copy_reply"),
+    CommandSpec("/file", "attach a text file to the next message (alone: list them; /file --clear drops them)",
+                "[PATH]", handler="attach_file"),
 ]
 COMMANDS = {c.name: c for c in TABLE}
 

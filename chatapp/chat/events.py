@@ -126,7 +126,17 @@ class Restored:
         return ", ".join(parts) + (f" ({self.detail})" if self.detail else "")
 
 
-Event = TextDelta | ToolCall | TurnStats | Trimmed | CacheState | Info | Error | Quit | Saved | Restored
+@dataclass
+class Copied:
+    """/copy: a reply's text for the clipboard (the TUI copies it; headless mode prints it)."""
+
+    reply: int               # its number in the chat, 1 for the first
+    of: int                  # how many replies the chat has
+    text: str
+    event: str = "copy"
+
+
+Event = TextDelta | ToolCall | TurnStats | Trimmed | CacheState | Info | Error | Quit | Saved | Restored | Copied
 
 
 def to_json(ev: Event) -> dict:

@@ -352,3 +352,7 @@ class ChatKeeper:
             return
         yield Info(f"exported {len(t.turns)} exchanges to {path}", {"path": str(path), "exchanges": len(t.turns)})
 
+
+    def attach_text(self, text: str) -> Iterator[Event]:
+        """A paste too large for the input box: attached to the next message, as /file does."""
+        yield from run_handler(self.session.attach_text, text)
