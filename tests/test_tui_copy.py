@@ -113,7 +113,7 @@ async def test_a_large_paste_becomes_an_attachment_and_typing_stays_fast(monkeyp
         for text in ("x" * 1_000_000, ("y" * 79 + "\n") * 12_500):  # 1 MB on one line, and in lines
             done = app.inputs_done
             app.input.post_message(events.Paste(text))
-            await until(pilot, lambda: app.inputs_done > done, what="the paste to be attached")
+            await until(pilot, lambda done=done: app.inputs_done > done, what="the paste to be attached")
             assert app.input.text == ""
             assert notices(app, "error")[-1].startswith("pasted text: too large for the context: 1.0 MB is far "
                                                         "more than the")  # random:tiny holds 2048 tokens
