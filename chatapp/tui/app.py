@@ -366,7 +366,7 @@ class ChatApp(App[None]):
     # --- copy and attach (chatapp/tui/clipboard.py, chatapp/chat/attach.py) ---------------
     async def action_copy_reply(self) -> None:
         """Ctrl+Y: the last reply to the clipboard, through /copy (the session knows its text)."""
-        if not isinstance(self.screen, (HelpScreen, ChatsScreen)):
+        if not isinstance(self.screen, (HelpScreen, ChatsScreen, ErrorScreen)):
             await self.submit("/copy")
 
     def on_chat_input_large_paste(self, msg: ChatInput.LargePaste) -> None:
