@@ -56,3 +56,21 @@ def test_bytes_that_are_not_utf8_do_not_end_the_app(tui):
     tui.press("C-q")
     done = tui.wait_for(r"EXIT=(\d+) TTY=(\w+)", timeout=30)
     assert done.groups() == ("0", "restored")
+
+
+def test_ctrl_y_puts_the_reply_in_the_terminals_clipboard(tui, tmp_path):
+    """OSC 52 reaches a real terminal: tmux with set-clipboard on makes it a paste buffer."""
+    tui.set_option("set-clipboard", "on")
+    tui.wait_for(r"random:tiny is ready")
+    tui.type("hello there")
+    tui.press("Enter")
+    tui.wait_for(r"turns\s+1, max")
+    tui.press("C-y")
+    tui.wait_for(r"Copied reply 1 of 1 \(\d+ characters\)")
+    tui.type(f"/export {tmp_path / 'chat.md'}")  # the reply as the app holds it, to compare with
+    tui.press("Enter")
+    tui.wait_for(r"exported 1 exchanges")
+    reply = (tmp_path / "chat.md").read_text().split("## Assistant\n\n")[1].split("\n\n<!-- exported")[0]
+    assert tui.buffer() == reply.strip("\n")
+    tui.press("C-q")
+    assert tui.wait_for(r"EXIT=(\d+) TTY=(\w+)", timeout=30).groups() == ("0", "restored")

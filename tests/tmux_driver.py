@@ -42,6 +42,13 @@ class Tmux:
     def capture(self) -> str:
         return self._tmux("capture-pane", "-p", "-t", self.target)
 
+    def set_option(self, name: str, value: str) -> None:
+        self._tmux("set-option", "-g", name, value)
+
+    def buffer(self) -> str:
+        """The newest paste buffer: what an application copied through OSC 52 (set-clipboard on)."""
+        return self._tmux("show-buffer")
+
     def wait_for(self, pattern: str, timeout: float = 60.0, poll: float = 0.05) -> re.Match:
         end = time.monotonic() + timeout
         while True:

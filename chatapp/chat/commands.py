@@ -50,6 +50,10 @@ TABLE = [
     CommandSpec("/quit", "leave", handler="quit", screen="quit"),
     CommandSpec("/edit", "rewind to message N and send TEXT in its place; the old continuation stays stored "
                 "as a branch (Ctrl+E in the TUI)", "N TEXT", handler="edit", store=True),
+    CommandSpec("/copy", "copy a reply's text to the clipboard (default: the last; N: the Nth reply of the chat, "
+                "-N: N back)", "[N]", handler="copy_reply"),
+    CommandSpec("/file", "attach a text file to the next message (alone: list them; /file --clear drops them)",
+                "[PATH]", handler="attach_file"),
 ]
 COMMANDS = {c.name: c for c in TABLE}
 

@@ -146,7 +146,18 @@ class Branched:
         return f"Edited message {self.from_message}; {kept}"
 
 
-Event = TextDelta | ToolCall | TurnStats | Trimmed | CacheState | Info | Error | Quit | Saved | Restored | Branched
+@dataclass
+class Copied:
+    """/copy: a reply's text for the clipboard (the TUI copies it; headless mode prints it)."""
+
+    reply: int               # its number in the chat, 1 for the first
+    of: int                  # how many replies the chat has
+    text: str
+    event: str = "copy"
+
+
+Event = (TextDelta | ToolCall | TurnStats | Trimmed | CacheState | Info | Error | Quit | Saved | Restored
+         | Branched | Copied)
 
 
 def to_json(ev: Event) -> dict:

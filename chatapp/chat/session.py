@@ -16,8 +16,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
+from chatapp.chat.attach import PASTED, Attachment, Attachments, Budget, file_command
+from chatapp.chat.clip import pick_reply, reply_text
 from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
-from chatapp.chat.events import CacheState, Error, Event, Info, Quit, TextDelta, ToolCall, Trimmed, TurnStats
+from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, TextDelta, ToolCall, Trimmed, TurnStats
 from chatapp.chat.settings import Settings, parse_settings, settings_text
 from chatapp.chat.tools import ToolRunner
 from model.errors import UserError
@@ -50,6 +52,7 @@ class Session:
         self.exchanges: list[Exchange] = []
         self.archive: list[Exchange] = []  # trimmed out of the context: kept for the transcript and the store
         self.tokens: list[int] = []
+        self.attached = Attachments()  # /file and large pastes: they go with the next message
         self.reset()
 
     # --- state -----------------------------------------------------------------
@@ -116,11 +119,17 @@ class Session:
         """A user message: render only its tokens, prefill what is pending, decode."""
         text = text.strip()
         try:
+            if text:  # attached files ride with a typed message, never alone
+                text = self.attached.wrap(text)
             new = self.user_tokens(text, first=not self.exchanges)
         except UserError as e:
             yield Error(str(e))
             return
-        yield from self._undoable(self.turn(text, new))
+
+        def turn() -> Iterator[Event]:
+            yield from self.turn(text, new)
+            self.attached.clear()  # sent with this message (one the model failed on keeps them)
+        yield from self._undoable(turn())
 
     def user_tokens(self, text: str, first: bool) -> list[int]:
         """The tokens a user message adds (with the system prompt folded in when it is the
@@ -131,7 +140,7 @@ class Session:
         if not is_text(text):
             raise UserError("message is not valid Unicode (it holds a lone surrogate); nothing was sent")
         new = self.template.user_turn(text, self.system if first else "")
-        room = self.cache.capacity - self.prefix_len - 1
+        room = self.message_room
         if len(new) > room:
             raise UserError(f"message too long: {len(new)} tokens, the context holds {room} after the "
                             f"system prompt ({self.room_hint()})")
@@ -145,6 +154,15 @@ class Session:
         self.exchanges.append(Exchange(text, len(self.tokens), len(self.tokens) + len(new)))
         self.tokens.extend(new)
         yield from self._reply()
+
+    def user_turn(self, text: str) -> list[int]:
+        """The tokens a user message adds (the first one carries the system prompt in some formats)."""
+        return self.template.user_turn(text, "" if self.exchanges else self.system)
+
+    @property
+    def message_room(self) -> int:
+        """The most tokens one user turn may take: older exchanges are trimmed to make room for it."""
+        return self.cache.capacity - self.prefix_len - 1
 
     def _undoable(self, turn: Iterator[Event]) -> Iterator[Event]:
         """Run a turn; if the model fails mid-turn (NaN logits from bad weights, out of memory),
@@ -345,6 +363,28 @@ class Session:
 
     def quit(self, _arg: str = "") -> Iterator[Event]:
         yield Quit()
+
+    def copy_reply(self, arg: str) -> Iterator[Event]:
+        """`/copy [N]`: a reply's answer as the transcript shows it (no thinking, no tool spans)."""
+        replies = self.archive + self.exchanges
+        n = pick_reply(arg, len(replies))
+        text = reply_text(self.template, self.tok, replies[n - 1].reply)
+        if not text.strip():
+            raise UserError(f"/copy: reply {n} has no text to copy")
+        yield Copied(n, len(replies), text)
+
+    def attach_file(self, arg: str) -> Iterator[Event]:
+        """`/file PATH` (chatapp/chat/attach.py): the file goes with the next message."""
+        yield from file_command(self.attached, arg, self.budget())
+
+    def attach_text(self, text: str) -> Iterator[Event]:
+        """A paste too large for the input box, attached like a file."""
+        if not is_text(text):
+            raise UserError("the pasted text is not valid Unicode (it holds a lone surrogate); nothing was attached")
+        yield self.attached.add(Attachment(PASTED, text), self.budget())
+
+    def budget(self) -> Budget:
+        return Budget(lambda body: len(self.user_turn(body)), self.message_room, self.room_hint())
 
     def stats(self) -> dict:
         c = self.cache

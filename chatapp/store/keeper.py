@@ -363,3 +363,7 @@ class ChatKeeper:
         yield keep_branch(self, n, text)
         self.ephemeral = False  # the branch's title names this chat: an /undo to empty must not delete it
         yield from self._track(rewind_and_send(self.session, n, text, new))
+
+    def attach_text(self, text: str) -> Iterator[Event]:
+        """A paste too large for the input box: attached to the next message, as /file does."""
+        yield from run_handler(self.session.attach_text, text)

@@ -19,10 +19,12 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
+from chatapp.chat.clip import tool_markers
 from chatapp.chat.commands import TABLE, CommandSpec, parse_command, split_input
 from chatapp.chat.events import (
     Branched,
     CacheState,
+    Copied,
     Error,
     Event,
     Info,
@@ -36,6 +38,7 @@ from chatapp.chat.events import (
 from chatapp.tui.bridge import Gate, Loaded, LoadFailed, LoadProgress, SessionEvent, TextBatch, TurnFinished, pump
 from chatapp.tui.cache_panel import CachePanel, read_memory
 from chatapp.tui.chats_screen import ChatAction, ChatsScreen
+from chatapp.tui.clipboard import CodeTranscript, copy_text
 from chatapp.tui.editing import Editing
 from chatapp.tui.input import ChatInput
 from chatapp.tui.screens import ErrorScreen, HelpScreen
@@ -62,6 +65,7 @@ class ChatApp(Editing):
         Binding("f1", "help", "Help"),
         Binding("ctrl+o", "chats", "Chats"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
+        Binding("ctrl+y", "copy_reply", "Copy reply", priority=True),  # over the input box's redo
     ]
 
     def __init__(self, args: argparse.Namespace, stable: bool = False, opener: Opener | None = None) -> None:
@@ -86,7 +90,7 @@ class ChatApp(Editing):
         yield Header()
         with Horizontal(id="main"):
             with Vertical(id="chat"):
-                yield Transcript(id="transcript")
+                yield CodeTranscript(id="transcript")
                 yield ChatInput(id="input", disabled=True, placeholder="Loading the model…")
             yield CachePanel(self.stable, id="panel")
         yield Footer()
@@ -144,8 +148,7 @@ class ChatApp(Editing):
         keeper = msg.chat
         self.keeper, s = keeper, keeper.session
         self.session = s
-        tools = s.template.tool_tokens or {}
-        self.transcript.markers = {name: s.tok.decode([i]) for name, i in tools.items()}
+        self.transcript.markers = tool_markers(s.template, s.tok)
         self.sub_title = visible(s.lm.name)
         await self.show_history()
         for warning in self.load_warnings:
@@ -175,6 +178,7 @@ class ChatApp(Editing):
         if kind == "command":
             return await self.command(text)
         await self.transcript.add_user(text)
+        self.mark_attached()
         self.sent = text
         self.start_turn(partial(self.keeper.send, text), "send")
         return True
@@ -238,6 +242,8 @@ class ChatApp(Editing):
                 await self.show_error(ev)
             case Quit():
                 self.action_quit()
+            case Copied():
+                copy_text(self, ev.text, f"reply {ev.reply} of {ev.of}")
             case Restored():  # a stored chat is now the session's
                 await self.show_history()
                 self.panel.clear_turns()
@@ -304,6 +310,7 @@ class ChatApp(Editing):
         self.inputs_done += 1
         self.panel_timer.pause()
         self.refresh_panel()
+        self.show_attached()
         if self.session is not None:
             self.show_chat()  # the keeper may detach (/reset) after its last event: name the chat as it ended
 
@@ -362,3 +369,24 @@ class ChatApp(Editing):
             self.input.give_back(spec.name + " ")
         else:
             await self.submit(spec.name)
+
+    # --- copy and attach (chatapp/tui/clipboard.py, chatapp/chat/attach.py) ---------------
+    async def action_copy_reply(self) -> None:
+        """Ctrl+Y: the last reply to the clipboard, through /copy (the session knows its text)."""
+        if not isinstance(self.screen, (HelpScreen, ChatsScreen, ErrorScreen)):
+            await self.submit("/copy")
+
+    def on_chat_input_large_paste(self, msg: ChatInput.LargePaste) -> None:
+        """Too large to edit in the box without every key lagging: it goes with the next message."""
+        if self.can_start():
+            self.start_turn(partial(self.keeper.attach_text, msg.text), "command")
+
+    def show_attached(self) -> None:
+        """The input box's border names the files waiting for the next message."""
+        att = self.session.attached if self.session is not None else None
+        self.input.border_subtitle = visible(f"attached: {att.summary}") if att and att.files else ""
+
+    def mark_attached(self) -> None:
+        """The message on screen names the files it carries (the session adds them when it sends)."""
+        if files := self.session.attached.files:
+            self.transcript.exchanges[-1].user.border_subtitle = visible("with " + ", ".join(f.name for f in files))

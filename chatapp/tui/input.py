@@ -5,7 +5,10 @@ message while the text is unchanged, Enter sends the edit (`/edit N TEXT`), Esc 
 Terminals send the same byte for Enter and Shift+Enter unless they speak the kitty keyboard
 protocol, so the newline key that works everywhere is Ctrl+J; Shift+Enter and Alt+Enter
 also work where the terminal reports them. A bracketed paste arrives as one Paste event,
-so a pasted text with newlines is inserted whole and never sent line by line.
+so a pasted text with newlines is inserted whole and never sent line by line. A paste over
+PASTE_LIMIT characters is not inserted: the app attaches it to the next message instead, since
+the box re-wraps its text on every keystroke (a 1 MB single-line paste made each key take
+seconds).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.strip import Strip
 from textual.widgets import TextArea
+
+PASTE_LIMIT = 10_000  # characters; below this a keystroke stays well under 50 ms (docs/tui.md)
 
 
 class ChatInput(TextArea):
@@ -40,6 +45,13 @@ class ChatInput(TextArea):
         def __init__(self, text: str | None, number: int | None = None) -> None:
             super().__init__()
             self.text, self.number = text, number
+
+    class LargePaste(Message):
+        """A paste too large for the box: the app attaches it instead."""
+
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
 
     def __init__(self, **kwargs) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
@@ -149,3 +161,9 @@ class ChatInput(TextArea):
 
     def action_newline(self) -> None:
         self.insert("\n")
+
+    async def _on_paste(self, event: events.Paste) -> None:
+        if len(event.text) > PASTE_LIMIT:
+            event.prevent_default()  # TextArea's own handler would insert it
+            event.stop()
+            self.post_message(self.LargePaste(event.text))

@@ -22,6 +22,9 @@ KEYS = [
     ("Ctrl+P", "command palette: every /command"),
     ("Ctrl+O", "the stored chats: open, rename, delete, start a new one (also /load)"),
     ("Tab", "move focus to the transcript to scroll it (PageUp, PageDown, mouse wheel)"),
+    ("Ctrl+Y", "copy the last reply to the clipboard (/copy N: another one)"),
+    ("[ / ]", "in the transcript: select the previous / next code block (a click also selects one)"),
+    ("c", "in the transcript: copy the selected code block (none selected: the last one)"),
     ("F1", "this help"),
     ("Ctrl+Q", "quit"),
 ]
