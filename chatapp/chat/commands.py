@@ -48,6 +48,8 @@ TABLE = [
                 screen="chats"),
     CommandSpec("/export", "write this chat as Markdown", "[PATH]", handler="export", store=True),
     CommandSpec("/quit", "leave", handler="quit", screen="quit"),
+    CommandSpec("/model", "switch to another model, keeping the chat (no SPEC: list the models)", "[SPEC]",
+                handler="switch_model", store=True, screen="models"),
 ]
 COMMANDS = {c.name: c for c in TABLE}
 

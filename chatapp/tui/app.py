@@ -25,6 +25,7 @@ from chatapp.tui.bridge import Gate, Loaded, LoadFailed, LoadProgress, SessionEv
 from chatapp.tui.cache_panel import CachePanel, read_memory
 from chatapp.tui.chats_screen import ChatAction, ChatsScreen
 from chatapp.tui.input import ChatInput
+from chatapp.tui.model_screen import ModelSwitching
 from chatapp.tui.screens import ErrorScreen, HelpScreen
 from chatapp.tui.transcript import LoadStatus, Transcript
 from chatapp.tui.visible import visible
@@ -38,7 +39,7 @@ Opener = Callable[[argparse.Namespace, Callable[[object], None]], "ChatKeeper"]
 PANEL_REFRESH_S = 0.25  # the panel updates at least 4 times a second while the model writes
 
 
-class ChatApp(App[None]):
+class ChatApp(ModelSwitching, App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "nanochat-tui"
     # Below 80 columns the 38-column cache panel would squeeze the chat (at 42 the input box
@@ -59,7 +60,6 @@ class ChatApp(App[None]):
         self.args = args
         self.stable = stable
         self.opener = opener
-        self.session = None
         self.keeper: ChatKeeper | None = None  # the one chat object: the session, stored as it goes
         self.load_warnings: list[str] = []
         self.quitting = False
@@ -77,6 +77,11 @@ class ChatApp(App[None]):
                 yield ChatInput(id="input", disabled=True, placeholder="Loading the model…")
             yield CachePanel(self.stable, id="panel")
         yield Footer()
+
+    @property
+    def session(self):
+        """The keeper's session: /model replaces it."""
+        return self.keeper.session if self.keeper is not None else None
 
     @property
     def transcript(self) -> Transcript:
@@ -130,9 +135,7 @@ class ChatApp(App[None]):
     async def on_loaded(self, msg: Loaded) -> None:
         keeper = msg.chat
         self.keeper, s = keeper, keeper.session
-        self.session = s
-        tools = s.template.tool_tokens or {}
-        self.transcript.markers = {name: s.tok.decode([i]) for name, i in tools.items()}
+        self.show_markers()
         self.sub_title = visible(s.lm.name)
         await self.show_history()
         for warning in self.load_warnings:
@@ -231,6 +234,8 @@ class ChatApp(App[None]):
             case Saved():
                 await t.notice(f"Saved as chat #{ev.chat} “{ev.title}” ({ev.snapshot_tokens} tokens in its "
                                "KV snapshot).", "dim")
+            case _:  # a model switch's progress and outcome
+                await self.show_model_event(ev)
         if isinstance(ev, Restored) and self.keeper.restored:
             self.panel.show_restore(self.keeper.restored.line)
         elif isinstance(ev, Trimmed) or (isinstance(ev, CacheState) and ev.event in ("reset", "system")) \
@@ -244,6 +249,10 @@ class ChatApp(App[None]):
         back: the restore line would describe K/V that is gone (a trim recomputes all of it)."""
         r = self.keeper.restored
         return isinstance(ev, CacheState) and r is not None and ev.cache_seqlens < r.cache_seqlens
+
+    def show_markers(self) -> None:
+        tools, tok = self.session.template.tool_tokens or {}, self.session.tok
+        self.transcript.markers = {name: tok.decode([i]) for name, i in tools.items()}
 
     def show_chat(self) -> None:
         """The header names the model and, once it is stored, the chat."""
@@ -338,6 +347,8 @@ class ChatApp(App[None]):
         for spec in TABLE:
             yield SystemCommand(spec.usage, spec.help, partial(self.palette_command, spec))
         yield SystemCommand("Chats", "the stored chats: open, rename, delete, new (Ctrl+O)", self.action_chats)
+        yield SystemCommand("Switch model…", "the default model, the pulled ones, recent ones: the chat carries over",
+                            self.action_models)
 
     async def palette_command(self, spec: CommandSpec) -> None:
         if spec.needs_arg:
