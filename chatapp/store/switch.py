@@ -13,6 +13,7 @@ and are removed by the next sync).
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import gc
 import time
@@ -79,10 +80,16 @@ def lm_device(lm: LoadedModel) -> torch.device:
 
 
 def release_memory(device: torch.device) -> None:
-    """The old model's weights, cache and CUDA graphs go once nothing refers to them."""
+    """The old model's weights, cache and CUDA graphs go once nothing refers to them. glibc keeps
+    freed heap pages for reuse: a second switch away from a 135M model left RSS 450 MiB high
+    until malloc_trim gave them back (measured on the CPU, random presets)."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): its allocator returns pages itself
+        pass
 
 
 def list_models(keeper: ChatKeeper) -> Iterator[Event]:

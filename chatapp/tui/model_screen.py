@@ -76,10 +76,11 @@ class ModelSwitching:
                 await self.show_switch(ev)
 
     async def show_switch(self, ev: ModelSwitched) -> None:
-        """The keeper holds the new session now: its template splits the replies' thinking and
-        names the tool markers, and the turn figures belong to the old model."""
+        """The keeper holds the new session now: the transcript stays as it is (the same text),
+        dimming what a smaller context left out; the new template names the tool markers from
+        here on, and the turn figures belonged to the old model."""
         self.show_markers()
-        await self.show_history()
+        self.transcript.mark_dropped(ev.dropped_exchanges)
         self.panel.clear_turns()
         self.panel.show_restore(ev.line)
         await self.transcript.notice(f"Switched from {ev.previous} to {ev.line}.", "dim")
