@@ -142,7 +142,8 @@ def test_the_list_names_the_default_the_cache_and_recent_specs(monkeypatch, tmp_
     remember(root, "random:tiny")
     got = [(c.spec, c.note) for c in choices(root)]
     assert got[0][0] == DEFAULT and got[0][1].startswith("not pulled yet")
-    assert got[1:] == [(str(home / "models/my-model"), "pulled"), (str(home / "gguf/other-1234"), "converted from GGUF"),
+    assert got[1:] == [(str(home / "models/my-model"), "pulled"),
+                       (str(home / "gguf/other-1234"), "converted from GGUF"),
                        ("random:tiny", "used recently"), ("random:tiny-qwen3", "used recently")]
     (root / RECENT_FILE).write_text("not json")
     assert len(choices(root)) == 3  # a damaged list is an empty one

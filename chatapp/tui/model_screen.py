@@ -37,13 +37,16 @@ class ModelScreen(ModalScreen[str | None]):
         self.choices, self.current = choices, current
 
     def compose(self) -> ComposeResult:
-        options = [Option(Content.assemble((visible(c.label), "bold"), "  ", (visible(c.note), "dim")), id=c.spec)
-                   for c in self.choices]
+        options = [Option(Content.assemble((visible(c.label), "bold"), "  ", (visible(self.note(c)), "dim")),
+                          id=c.spec) for c in self.choices]
         with Vertical(id="models"):
             yield Label(Content(visible(f"Switch model (now {self.current})")), classes="title")
             yield OptionList(*options, id="model-list")
-            yield Label("Enter switches; the chat carries over and is re-prefilled. Esc closes. "
-                        "Any other model: /model SPEC.", classes="hint")
+            yield Label("Enter switches: the chat carries over. Esc closes. Other models: /model SPEC",
+                        classes="hint")
+
+    def note(self, c) -> str:
+        return f"{c.note}, the current model" if self.current in (c.spec, c.label) else c.note
 
     def on_option_list_option_selected(self, msg: OptionList.OptionSelected) -> None:
         self.dismiss(msg.option.id)
@@ -71,7 +74,7 @@ class ModelSwitching:
     async def show_model_event(self, ev: Event) -> None:
         match ev:
             case Prefilling():
-                self.panel.show_restore(f"re-prefilling {ev.done} / {ev.total} tokens for {ev.model}")
+                self.panel.show_restore(f"re-prefilling {ev.done} / {ev.total} tokens")
             case ModelSwitched():
                 await self.show_switch(ev)
 
@@ -82,5 +85,6 @@ class ModelSwitching:
         self.show_markers()
         self.transcript.mark_dropped(ev.dropped_exchanges)
         self.panel.clear_turns()
-        self.panel.show_restore(ev.line)
+        dropped = f", {ev.dropped_exchanges} exchange(s) out" if ev.dropped_exchanges else ""
+        self.panel.show_restore(f"switched: re-prefilled {ev.reprefilled_tokens} tokens{dropped}")
         await self.transcript.notice(f"Switched from {ev.previous} to {ev.line}.", "dim")
