@@ -168,3 +168,14 @@ def test_headless_switch_prints_progress_and_the_new_model(tmp_path):
     assert ev[9]["data"]["model"] == "random:tiny-qwen3" and listed[0] == DEFAULT
     assert listed[1:3] == ["random:tiny-qwen3", "random:tiny"]  # recent, the last first
     assert [c.model for c in ChatStore(chats).list()] == ["random:tiny-qwen3"]
+
+
+def test_model_default_pulls_quietly_first(tiny, qwen3, store, monkeypatch):
+    pulls = []
+    monkeypatch.setattr("chatapp.store.switch.ensure_default_model",
+                        lambda progress: (pulls.append(progress), "the/default/dir")[1])
+    k = keeper_on(tiny, store)
+    k.loader = lambda spec: qwen3 if spec == "the/default/dir" else pytest.fail(spec)
+    talk(k, "hi")
+    switch(k, DEFAULT)
+    assert k.session.lm is qwen3 and len(pulls) == 1 and pulls[0]("50%") is None  # no bar on the TUI's screen
