@@ -114,6 +114,10 @@ def test_another_tokenizer_template_and_a_smaller_context_trim_the_oldest(tiny, 
     talk(k, *(f"message {i}: " + "some words to fill the context " * 3 for i in range(6)))
     before = store.get(k.chat_id)
     assert len(k.session.tokens) > nano.context_length
+    # nanochat has no system role: a re-rendered chat carries the prompt in its first user turn
+    tokens, exchanges = rendered_conversation(Session(nano, Settings()), before)
+    assert tokens[exchanges[0].start:exchanges[0].reply_start] == nano.template.user_turn(exchanges[0].user,
+                                                                                          "Be brief.")
 
     done = next(e for e in switch(k, "nanochat-head") if isinstance(e, ModelSwitched))
     s = k.session
