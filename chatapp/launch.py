@@ -10,8 +10,10 @@ from its loading thread, never on the first frame.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -22,6 +24,7 @@ from chatapp.options import given_sampling
 from chatapp.pull.fetch import ensure_default_model
 from chatapp.store.database import ChatStore, StoreError
 from chatapp.store.keeper import ChatKeeper
+from chatapp.store.models import remember
 from kvcache.attention import available_backends
 from model.errors import UserError
 from model.loading import LoadOptions, load_model
@@ -35,7 +38,14 @@ def to_stderr(msg: object) -> None:
 
 def open_chat(args: argparse.Namespace, progress=None, warn: Warn | None = None) -> ChatKeeper:
     """The one chat object the faces talk to, ready for the first message."""
-    return open_keeper(open_session(args, progress, warn), args, warn)
+    keeper = open_keeper(open_session(args, progress, warn), args, warn)
+    # /model loads on the same device, dtype and attention; --step, --tokenizer and --model-tag
+    # name the first model's checkpoint files, not the next one's
+    keeper.loader = partial(load_model, opts=dataclasses.replace(load_options(args), step=None, tokenizer=None,
+                                                                 model_tag=None))
+    if args.model and keeper.store is not None and not keeper.store.read_only:
+        remember(keeper.store.root, args.model)  # the /model picker lists it
+    return keeper
 
 
 def load_options(args: argparse.Namespace) -> LoadOptions:

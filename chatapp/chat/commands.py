@@ -54,6 +54,8 @@ TABLE = [
                 "-N: N back)", "[N]", handler="copy_reply"),
     CommandSpec("/file", "attach a text file to the next message (alone: list them; /file --clear drops them)",
                 "[PATH]", handler="attach_file"),
+    CommandSpec("/model", "switch to another model, keeping the chat (no SPEC: list the models)", "[SPEC]",
+                handler="switch_model", store=True, screen="models"),
 ]
 COMMANDS = {c.name: c for c in TABLE}
 

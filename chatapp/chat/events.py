@@ -156,8 +156,41 @@ class Copied:
     event: str = "copy"
 
 
+@dataclass
+class Prefilling:
+    """/model: the carried conversation going into the new model's cache, `done` of `total` tokens."""
+
+    model: str
+    done: int
+    total: int
+    event: str = "prefill"
+
+
+@dataclass
+class ModelSwitched:
+    """/model: the new model holds the conversation (re-rendered for its template, re-prefilled)."""
+
+    model: str
+    previous: str
+    exchanges: int            # carried in the context
+    dropped_exchanges: int    # moved out of it: the new context is smaller
+    reprefilled_tokens: int
+    cache_seqlens: int
+    capacity: int
+    load_s: float
+    prefill_s: float
+    system: str               # the prompt the chat now runs with (a default one follows the model)
+    event: str = "model"
+
+    @property
+    def line(self) -> str:
+        dropped = f", {self.dropped_exchanges} oldest left the context" if self.dropped_exchanges else ""
+        return (f"{self.model}: carried {self.exchanges} exchange(s){dropped}, re-prefilled "
+                f"{self.reprefilled_tokens} tokens in {self.prefill_s:.1f} s")
+
+
 Event = (TextDelta | ToolCall | TurnStats | Trimmed | CacheState | Info | Error | Quit | Saved | Restored
-         | Branched | Copied)
+         | Branched | Copied | Prefilling | ModelSwitched)
 
 
 def to_json(ev: Event) -> dict:
@@ -166,4 +199,6 @@ def to_json(ev: Event) -> dict:
     if isinstance(ev, (TurnStats,)):
         d["ttft_ms"] = round(ev.ttft_ms, 2)
         d["tokens_per_s"] = round(ev.tokens_per_s, 2)
+    if isinstance(ev, ModelSwitched):
+        d["load_s"], d["prefill_s"] = round(ev.load_s, 3), round(ev.prefill_s, 3)
     return d

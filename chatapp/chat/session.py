@@ -44,6 +44,7 @@ class Session:
     def __init__(self, lm: LoadedModel, settings: Settings | None = None, context: int | None = None):
         self.lm, self.tok, self.template = lm, lm.tokenizer, lm.template
         self.settings = settings or Settings()
+        self.context = context  # as asked for (--context): a model switch asks the new model the same
         self.cache = lm.model.new_cache(min(context or lm.context_length, lm.context_length))
         self.check_system_fits(self.system)
         self.gen = Generator(lm.model, self.cache, self.tok.vocab_size)
@@ -100,6 +101,11 @@ class Session:
         self.gen.forget()
         self.tokens, self.exchanges, self.archive = list(tokens), list(exchanges), list(archive)
         self.history = []
+
+    def fit(self) -> list[Trimmed]:
+        """After `adopt` of a conversation made for a longer context (/model): drop the oldest
+        exchanges, as a full context does, until a reply fits. A trim refills the cache."""
+        return list(self._make_room(0))
 
     def truncate(self, n: int) -> None:
         """Cut the token list to n tokens, rewinding the cache if it held more."""

@@ -24,11 +24,12 @@ from chatapp.chat.edit import check_edit, rewind_and_send
 from chatapp.chat.events import CacheState, Error, Event, Info, Restored, Saved, Trimmed, TurnStats
 from chatapp.chat.session import Session
 from chatapp.store.branch import keep_branch
-from chatapp.store.database import ChatChanged, ChatData, ChatStore, StoredMessage, StoreError, describe
+from chatapp.store.database import ChatChanged, ChatData, ChatStore, StoreError, describe
 from chatapp.store.export import ExportedChat, export
 from chatapp.store.identity import Fingerprint, ModelIdentity, tokenizer_fingerprint
-from chatapp.store.reopen import restore
+from chatapp.store.reopen import restore, stored_messages
 from chatapp.store.snapshots import SnapshotWriter, snapshot_bytes
+from chatapp.store.switch import Loader, switch
 from model.errors import UserError
 
 SNAPSHOT_BUDGET = 4 << 30  # snapshots of older chats are pruned past this; those chats re-prefill
@@ -70,6 +71,7 @@ class ChatKeeper:
         # deleted when /undo empties it (one the user named or reopened stays, even empty)
         self.ephemeral = False
         self.said_read_only = False
+        self.loader: Loader | None = None  # /model's: launch loads with the flags' device and dtype
 
     # --- what faces call ----------------------------------------------------------
     def send(self, text: str) -> Iterator[Event]:
@@ -197,14 +199,7 @@ class ChatKeeper:
     def chat_data(self) -> ChatData:
         s = self.session
         ident = self.identity()
-        msgs = []
-        for ex in s.archive:  # trimmed out of the context: text only, no token ids (restore.py)
-            msgs.append(StoredMessage("user", ex.user, []))
-            msgs.append(StoredMessage("assistant", ex.reply, [], [dataclasses.asdict(c) for c in ex.tool_calls]))
-        for ex in s.exchanges:
-            msgs.append(StoredMessage("user", ex.user, s.tokens[ex.start:ex.reply_start]))
-            msgs.append(StoredMessage("assistant", ex.reply, s.tokens[ex.reply_start:ex.end],
-                                [dataclasses.asdict(c) for c in ex.tool_calls]))
+        msgs = stored_messages(s)
         self.title = self.title or default_title(s)
         return ChatData(self.title, s.lm.name, ident.digest, self.tokenizer_fp(),
                         dataclasses.asdict(s.settings), s.system, s.tokens[:s.prefix_len], s.cache.pos,
@@ -367,3 +362,6 @@ class ChatKeeper:
     def attach_text(self, text: str) -> Iterator[Event]:
         """A paste too large for the input box: attached to the next message, as /file does."""
         yield from run_handler(self.session.attach_text, text)
+    def switch_model(self, spec: str) -> Iterator[Event]:
+        """`/model SPEC`: the same chat on another model (chatapp/store/switch.py)."""
+        yield from switch(self, spec)

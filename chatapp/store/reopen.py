@@ -20,6 +20,19 @@ from chatapp.store.identity import ModelIdentity, tokenizer_fingerprint
 from chatapp.store.snapshots import load_chain, plan_chain, scan
 
 
+def stored_messages(s: Session) -> list[StoredMessage]:
+    """The chat as the store keeps it: trimmed exchanges as text only, the rest with their ids."""
+    msgs = []
+    for ex in s.archive:  # trimmed out of the context: text only, no token ids (`archived`)
+        msgs.append(StoredMessage("user", ex.user, []))
+        msgs.append(StoredMessage("assistant", ex.reply, [], [dataclasses.asdict(c) for c in ex.tool_calls]))
+    for ex in s.exchanges:
+        msgs.append(StoredMessage("user", ex.user, s.tokens[ex.start:ex.reply_start]))
+        msgs.append(StoredMessage("assistant", ex.reply, s.tokens[ex.reply_start:ex.end],
+                                  [dataclasses.asdict(c) for c in ex.tool_calls]))
+    return msgs
+
+
 def pairs(messages: list[StoredMessage]) -> list[tuple[StoredMessage, StoredMessage]]:
     users = messages[0::2]
     replies = messages[1::2]
@@ -55,7 +68,7 @@ def rendered_conversation(session: Session, chat: ChatData) -> tuple[list[int], 
     tokens, exchanges = t.start(chat.system), []
     for u, a in in_context(chat):
         start = len(tokens)
-        tokens += t.user_turn(u.content)
+        tokens += t.user_turn(u.content, "" if exchanges else chat.system)  # nanochat's system rides here
         reply_start = len(tokens)
         tokens += session.tok.encode(a.content) + t.end_reply()
         exchanges.append(Exchange(u.content, start, reply_start, len(tokens), a.content,
@@ -68,8 +81,8 @@ def fits_template(session: Session, chat: ChatData, tokens: list[int], exchanges
     t = session.template
     closing = t.end_reply()
     return t.fits_start(tokens[:len(chat.prefix_tokens)], chat.system) and all(
-        tokens[ex.start:ex.reply_start] == t.user_turn(ex.user) and tokens[ex.end - len(closing):ex.end] == closing
-        for ex in exchanges)
+        tokens[ex.start:ex.reply_start] == t.user_turn(ex.user, "" if i else chat.system)
+        and tokens[ex.end - len(closing):ex.end] == closing for i, ex in enumerate(exchanges))
 
 
 def conversation(session: Session, chat: ChatData) -> tuple[list[int], list[Exchange], str]:

@@ -19,7 +19,6 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from chatapp.chat.clip import tool_markers
 from chatapp.chat.commands import TABLE, CommandSpec, parse_command, split_input
 from chatapp.chat.events import (
     Branched,
@@ -41,6 +40,7 @@ from chatapp.tui.chats_screen import ChatAction, ChatsScreen
 from chatapp.tui.clipboard import CodeTranscript, copy_text
 from chatapp.tui.editing import Editing
 from chatapp.tui.input import ChatInput
+from chatapp.tui.model_screen import ModelSwitching
 from chatapp.tui.screens import ErrorScreen, HelpScreen
 from chatapp.tui.transcript import LoadStatus, Transcript
 from chatapp.tui.visible import visible
@@ -54,7 +54,7 @@ Opener = Callable[[argparse.Namespace, Callable[[object], None]], "ChatKeeper"]
 PANEL_REFRESH_S = 0.25  # the panel updates at least 4 times a second while the model writes
 
 
-class ChatApp(Editing):
+class ChatApp(ModelSwitching, Editing):
     CSS_PATH = "app.tcss"
     TITLE = "nanochat-tui"
     # Below 80 columns the 38-column cache panel would squeeze the chat (at 42 the input box
@@ -76,7 +76,6 @@ class ChatApp(Editing):
         self.args = args
         self.stable = stable
         self.opener = opener
-        self.session = None
         self.keeper: ChatKeeper | None = None  # the one chat object: the session, stored as it goes
         self.load_warnings: list[str] = []
         self.quitting = False
@@ -94,6 +93,11 @@ class ChatApp(Editing):
                 yield ChatInput(id="input", disabled=True, placeholder="Loading the model…")
             yield CachePanel(self.stable, id="panel")
         yield Footer()
+
+    @property
+    def session(self):
+        """The keeper's session: /model replaces it."""
+        return self.keeper.session if self.keeper is not None else None
 
     @property
     def transcript(self) -> Transcript:
@@ -147,8 +151,7 @@ class ChatApp(Editing):
     async def on_loaded(self, msg: Loaded) -> None:
         keeper = msg.chat
         self.keeper, s = keeper, keeper.session
-        self.session = s
-        self.transcript.markers = tool_markers(s.template, s.tok)
+        self.show_markers()
         self.sub_title = visible(s.lm.name)
         await self.show_history()
         for warning in self.load_warnings:
@@ -253,6 +256,8 @@ class ChatApp(Editing):
             case Saved():
                 await t.notice(f"Saved as chat #{ev.chat} “{ev.title}” ({ev.snapshot_tokens} tokens in its "
                                "KV snapshot).", "dim")
+            case _:  # a model switch's progress and outcome
+                await self.show_model_event(ev)
         if isinstance(ev, Restored) and self.keeper.restored:
             self.panel.show_restore(self.keeper.restored.line)
         elif isinstance(ev, Trimmed) or (isinstance(ev, CacheState) and ev.event in ("reset", "system")) \
@@ -266,6 +271,10 @@ class ChatApp(Editing):
         back: the restore line would describe K/V that is gone (a trim recomputes all of it)."""
         r = self.keeper.restored
         return isinstance(ev, CacheState) and r is not None and ev.cache_seqlens < r.cache_seqlens
+
+    def show_markers(self) -> None:
+        tools, tok = self.session.template.tool_tokens or {}, self.session.tok
+        self.transcript.markers = {name: tok.decode([i]) for name, i in tools.items()}
 
     def show_chat(self) -> None:
         """The header names the model and, once it is stored, the chat."""
@@ -363,6 +372,8 @@ class ChatApp(Editing):
         for spec in TABLE:
             yield SystemCommand(spec.usage, spec.help, partial(self.palette_command, spec))
         yield SystemCommand("Chats", "the stored chats: open, rename, delete, new (Ctrl+O)", self.action_chats)
+        yield SystemCommand("Switch model…", "the default model, the pulled ones, recent ones: the chat carries over",
+                            self.action_models)
 
     async def palette_command(self, spec: CommandSpec) -> None:
         if spec.needs_arg:

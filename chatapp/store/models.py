@@ -1,0 +1,82 @@
+"""The models `/model` offers: the default model (pulled or not), the models in the cache, and the
+specs used lately (a small JSON list next to the chats database). Reads only local files: no
+network, and nothing heavy, so the TUI's picker can list them at once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from chatapp.pull.fetch import default_model_dir, is_installed, manifest
+from chatapp.store.tempfiles import write_atomic
+from model.loading.gguf import cache_root
+
+DEFAULT = "default"          # `/model default`: the default model, pulled first if need be
+RECENT_FILE = "recent-models.json"
+RECENT_MAX = 8
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    spec: str    # what `/model SPEC` takes
+    label: str
+    note: str
+
+
+def canonical(spec: str) -> str:
+    """A spec that means the same from any directory: paths absolute, the rest as typed."""
+    if spec == DEFAULT or spec.startswith(("random:", "nanochat:")):
+        return spec
+    return str(Path(spec).expanduser().resolve())
+
+
+def recent(root: Path) -> list[str]:
+    """Specs used lately, the last first; a missing or damaged file is an empty list."""
+    try:
+        specs = json.loads((root / RECENT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [s for s in specs if isinstance(s, str)][:RECENT_MAX] if isinstance(specs, list) else []
+
+
+def remember(root: Path, spec: str) -> None:
+    """Put `spec` first in the recent list. Best effort: a list that cannot be written costs
+    only the picker's memory, never the chat."""
+    spec = canonical(spec)
+    specs = [spec, *(s for s in recent(root) if s != spec)][:RECENT_MAX]
+    try:
+        write_atomic(root / RECENT_FILE, (json.dumps(specs, indent=1) + "\n").encode())
+    except OSError:
+        pass
+
+
+def default_choice() -> ModelChoice:
+    m = manifest()
+    if is_installed(default_model_dir()):
+        return ModelChoice(DEFAULT, f"{m.name} (the default model)", "pulled")
+    return ModelChoice(DEFAULT, f"{m.name} (the default model)",
+                       f"not pulled yet: pulls {m.wheel_size / 1e6:.0f} MB once, on first use")
+
+
+def cached_models() -> list[ModelChoice]:
+    """Model directories in the cache: pulled ones (models/) and GGUF conversions (gguf/)."""
+    root, default = cache_root(), default_model_dir()
+    found = []
+    for kind, folder in (("pulled", root / "models"), ("converted from GGUF", root / "gguf")):
+        dirs = sorted(folder.iterdir()) if folder.is_dir() else []
+        found += [ModelChoice(str(d), d.name, kind) for d in dirs
+                  if d != default and not d.name.startswith(".") and (d / "config.json").is_file()]
+    return found
+
+
+def choices(root: Path | None) -> list[ModelChoice]:
+    """Everything the picker lists, each spec once: the default, the cache, then recent specs."""
+    listed = [default_choice(), *cached_models()]
+    seen = {c.spec for c in listed}
+    for spec in recent(root) if root is not None else []:
+        if spec not in seen:
+            seen.add(spec)
+            listed.append(ModelChoice(spec, spec, "used recently"))
+    return listed
