@@ -29,12 +29,12 @@ class TurnStats:
     turn: int
     user: str
     reply: str
-    prefill_tokens: int      # tokens pushed through the model before the first reply token
-    cached_before: int       # cache_seqlens when the turn started: history reused, not recomputed
+    prefill_tokens: int      # tokens pushed through the model before the first reply token, a trim's re-prefill in
+    cached_before: int       # history reused from the cache, not recomputed (0 after a trim: it recomputed all)
     cache_seqlens: int       # after the turn
     capacity: int
     decode_tokens: int
-    ttft_ms: float
+    ttft_ms: float           # from the turn's start to its first token: a trim's re-prefill counts in
     tokens_per_s: float
     stop: str                # "end" | "length" | "cancel"
     kv_bytes_used: int
@@ -42,17 +42,33 @@ class TurnStats:
     backend: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     thinking: str = ""       # the reply's thinking block, left out of `reply`
+    reprefilled_tokens: int = 0  # of prefill_tokens, those a trim re-prefilled (chat/trim.py)
     event: str = "turn"
 
 
 @dataclass
 class Trimmed:
+    """The context was full: the oldest exchanges left it and what is kept was re-prefilled
+    (chat/trim.py), as part of the turn that follows (its TurnStats count this in)."""
+
     dropped_exchanges: int
     dropped_tokens: int
     reprefilled_tokens: int
     cache_seqlens: int
     capacity: int
+    reprefill_ms: float = 0.0
     event: str = "trim"
+
+
+@dataclass
+class Prefilling:
+    """Progress of a long prefill the user waits for (a trim's re-prefill): `done` of `total`
+    tokens are in the cache. The first comes at 0, the last at `total`. Faces may show it."""
+
+    done: int
+    total: int
+    reason: Literal["trim"] = "trim"
+    event: str = "prefill"
 
 
 # What moved the cache: a new chat, retry's rewind, an undone exchange, a new system prompt,
@@ -126,7 +142,7 @@ class Restored:
         return ", ".join(parts) + (f" ({self.detail})" if self.detail else "")
 
 
-Event = TextDelta | ToolCall | TurnStats | Trimmed | CacheState | Info | Error | Quit | Saved | Restored
+Event = TextDelta | ToolCall | TurnStats | Trimmed | Prefilling | CacheState | Info | Error | Quit | Saved | Restored
 
 
 def to_json(ev: Event) -> dict:
@@ -135,4 +151,6 @@ def to_json(ev: Event) -> dict:
     if isinstance(ev, (TurnStats,)):
         d["ttft_ms"] = round(ev.ttft_ms, 2)
         d["tokens_per_s"] = round(ev.tokens_per_s, 2)
+    if isinstance(ev, Trimmed):
+        d["reprefill_ms"] = round(ev.reprefill_ms, 2)
     return d

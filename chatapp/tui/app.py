@@ -206,6 +206,7 @@ class ChatApp(App[None]):
 
     async def on_session_event(self, msg: SessionEvent) -> None:
         ev, t = msg.event, self.transcript
+        self.panel.show_progress(ev)  # a trim's re-prefill: its progress row
         match ev:
             case ToolCall():
                 await (await t.reply()).add_tool_call(ev)
@@ -217,7 +218,8 @@ class ChatApp(App[None]):
             case Trimmed():
                 t.mark_dropped(ev.dropped_exchanges)
                 await t.notice(f"Context full: dropped the {ev.dropped_exchanges} oldest exchange(s) and "
-                               f"re-prefilled {ev.reprefilled_tokens} tokens.", "warning")
+                               f"re-prefilled {ev.reprefilled_tokens} tokens in {ev.reprefill_ms:,.0f} ms.",
+                               "warning")
             case Info():
                 await t.notice(ev.text)
             case Error():
