@@ -90,3 +90,27 @@ def test_low_water_is_validated_for_set_and_the_flag(tiny):
     assert settings_from(chat_parser().parse_args(["--low-water", "0.7"])).low_water == 0.7
     with pytest.raises(UserError, match="low_water"):
         settings_from(chat_parser().parse_args(["--low-water", "1.5"]))
+
+
+@pytest.mark.anyio
+async def test_the_panel_shows_the_reprefills_progress_and_the_turns_share():
+    from tui_pilot import make_app, ready, row
+
+    from chatapp.chat.events import CacheState
+
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        panel, progress = app.panel, app.panel.row("reprefill")
+        assert not progress.display  # hidden until a trim refills the cache
+        panel.show_progress(Prefilling(512, 1950))
+        assert progress.display and row(app, "reprefill") == "512 / 1950 tokens (trim)"
+        panel.show_progress(Prefilling(1950, 1950))
+        assert not progress.display
+        panel.show_progress(Prefilling(0, 1950))
+        panel.show_progress(CacheState("undone", 0, 2048, 0))  # the turn failed mid-refill: the row goes
+        assert not progress.display
+        st = turn_of(run(app.session.send("hi")))
+        st.prefill_tokens, st.reprefilled_tokens = 1975, 1950
+        panel.show_turn(st)
+        assert row(app, "prefill") == "1975 (1950 by trim)"

@@ -160,8 +160,8 @@ class CachePanel(VerticalScroll):
         last = {}
         if self.turn_stats:
             st = self.turn_stats[-1]
-            trim = f", {st.reprefilled_tokens} by the trim" if st.reprefilled_tokens else ""
-            prefill = f"{st.prefill_tokens} new{trim}"
+            trim = f"{st.prefill_tokens} ({st.reprefilled_tokens} by trim)"  # the trim's re-prefill counts in
+            prefill = trim if st.reprefilled_tokens else f"{st.prefill_tokens} new"
             last = {"prefill": prefill, "cached": f"{st.cached_before} reused",
                     "ttft": HIDDEN if self.stable else f"{st.ttft_ms:.1f} ms",
                     "speed": HIDDEN if self.stable else f"{st.tokens_per_s:.1f} tok/s"}
