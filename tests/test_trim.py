@@ -69,14 +69,14 @@ def test_trims_are_rare_exact_and_counted_in_the_turn(tiny):
         assert events.index(progress[-1]) < events.index(trim)
         reported.append(trim)
 
-    new = chat(tiny, 0.5, 24, check)
+    new = chat(tiny, 0.5, 15, check)
     trims = [i for i, (events, _) in enumerate(new) if trimmed(events)]
     assert len(trims) >= 2, "the context should fill more than once"
     for a, b in zip(trims, trims[1:], strict=False):  # half a context of new chat between re-prefills,
         grown = new[b][1] - trimmed(new[a][0]).reprefilled_tokens  # less the turn and its reply's room
         assert grown >= CONTEXT // 2 - 64, (a, b, grown)
-    old = chat(tiny, 1.0, 24)  # the old policy: a re-prefill nearly every turn once full
-    assert sum(trimmed(events) is not None for events, _ in old) >= 3 * len(trims)
+    old = chat(tiny, 1.0, 15)  # the old policy: a re-prefill every turn once full
+    assert sum(trimmed(events) is not None for events, _ in old) >= 2 * len(trims) + 2
 
 
 def test_low_water_is_validated_for_set_and_the_flag(tiny):
@@ -114,3 +114,19 @@ async def test_the_panel_shows_the_reprefills_progress_and_the_turns_share():
         st.prefill_tokens, st.reprefilled_tokens = 1975, 1950
         panel.show_turn(st)
         assert row(app, "prefill") == "1975 (1950 by trim)"
+
+
+def test_long_chat_bench_prints_both_policies_then_json(capsys):
+    import json
+
+    from chatapp.bench.main import main
+
+    assert main(["--long-chat", "--models", "random:tiny", "--context", "512", "--turns", "6",
+                 "--reply-tokens", "2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert any(line.startswith("low_water=0.5 | 6 |") for line in lines[:-1])
+    (res,) = json.loads(lines[-1])["models"]
+    new, old = res["long_chat"]["policies"].values()
+    assert new["low_water"] == 0.5 and old["low_water"] == 1.0 and len(new["rows"]) == len(old["rows"]) == 6
+    assert 0 < new["reprefill_turns"] <= old["reprefill_turns"] and new["worst_ttft_ms"] > 0
+    assert new["fill_turn"] == old["fill_turn"]  # the same chat until the first trim

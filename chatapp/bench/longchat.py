@@ -12,6 +12,7 @@ unfilled turns' median; re-prefills are rare (about one per half-context of new 
 from __future__ import annotations
 
 import statistics
+import sys
 from dataclasses import asdict, dataclass
 
 from chatapp.bench.turns import user_message
@@ -44,6 +45,8 @@ def play(lm: LoadedModel, context: int, turns: int, reply_tokens: int, low_water
         trim = next((e for e in events if isinstance(e, Trimmed)), None)
         rows.append(LongTurn(i + 1, history, st.prefill_tokens, trim.reprefilled_tokens if trim else 0,
                              st.ttft_ms, st.decode_tokens))
+        print(f"low_water={low_water} turn {i + 1}/{turns}: TTFT {st.ttft_ms:.0f} ms, prefill {st.prefill_tokens}",
+              file=sys.stderr, flush=True)  # a long run shows it is moving; stdout stays the table
     return rows
 
 

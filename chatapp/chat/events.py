@@ -34,7 +34,7 @@ class TurnStats:
     cache_seqlens: int       # after the turn
     capacity: int
     decode_tokens: int
-    ttft_ms: float           # from the turn's start to its first token: a trim's re-prefill counts in
+    ttft_ms: float           # the wait for the first token: its prefill, and a trim's re-prefill before it
     tokens_per_s: float
     stop: str                # "end" | "length" | "cancel"
     kv_bytes_used: int
