@@ -69,13 +69,13 @@ def test_trims_are_rare_exact_and_counted_in_the_turn(tiny):
         assert events.index(progress[-1]) < events.index(trim)
         reported.append(trim)
 
-    new = chat(tiny, 0.5, 15, check)
+    new = chat(tiny, 0.5, 12, check)
     trims = [i for i, (events, _) in enumerate(new) if trimmed(events)]
     assert len(trims) >= 2, "the context should fill more than once"
     for a, b in zip(trims, trims[1:], strict=False):  # half a context of new chat between re-prefills,
         grown = new[b][1] - trimmed(new[a][0]).reprefilled_tokens  # less the turn and its reply's room
         assert grown >= CONTEXT // 2 - 64, (a, b, grown)
-    old = chat(tiny, 1.0, 15)  # the old policy: a re-prefill every turn once full
+    old = chat(tiny, 1.0, 12)  # the old policy: a re-prefill every turn once full
     assert sum(trimmed(events) is not None for events, _ in old) >= 2 * len(trims) + 2
 
 
