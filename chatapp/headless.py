@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import BinaryIO, TextIO
 
 from chatapp.chat.commands import is_text, split_input
-from chatapp.chat.events import Error, Event, Quit, TextDelta, to_json
+from chatapp.chat.events import Error, Event, Prefilling, Quit, TextDelta, to_json
 from chatapp.store.keeper import ChatKeeper
 
 
@@ -63,8 +63,8 @@ def run_headless(chat: ChatKeeper, stream: BinaryIO, jsonl: bool = False, out: T
         events = chat.run_command(text) if kind == "command" else chat.send(text)
         for ev in events:
             match ev:
-                case TextDelta():
-                    continue  # the turn event carries the whole reply
+                case TextDelta() | Prefilling():
+                    continue  # the turn event carries the whole reply; the trim event the re-prefill's figures
                 case Quit():
                     return 0
                 case _:

@@ -40,6 +40,8 @@ def chat_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--system", help="system prompt (default: the model's own)")
     p.add_argument("--context", type=int, help="KV cache capacity in tokens (default: the model's context)")
+    p.add_argument("--low-water", type=float, help="when the context fills, drop old exchanges down to this share "
+                   f"of it, so the re-prefill is rare; 1 drops just enough (default: {d['low_water']})")
     stored = p.add_mutually_exclusive_group()
     stored.add_argument("--chat", type=int, metavar="ID", help="continue stored chat ID")
     stored.add_argument("--resume", action="store_true", help="continue the last chat")

@@ -163,13 +163,13 @@ def test_headless_switch_prints_progress_and_the_new_model(tmp_path):
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     ev = [json.loads(line) for line in p.stdout.decode().splitlines()]
     kinds = [e["event"] for e in ev]
-    assert kinds == ["ready", "turn", "info", "error", "info", "prefill", "prefill", "model", "turn", "info"]
-    model = ev[7]
+    assert kinds == ["ready", "turn", "info", "error", "info", "model", "turn", "info"]  # progress is for screens
+    model = ev[5]
     assert model["model"] == "random:tiny-qwen3" and model["previous"] == "random:tiny"
-    assert model["cache_seqlens"] == ev[6]["done"] == ev[6]["total"] > ev[1]["cache_seqlens"]  # the closing too
-    assert ev[8]["cached_before"] == model["cache_seqlens"]  # the next turn reuses the re-prefilled cache
-    listed = [m["spec"] for m in ev[9]["data"]["models"]]
-    assert ev[9]["data"]["model"] == "random:tiny-qwen3" and listed[0] == DEFAULT
+    assert model["cache_seqlens"] == model["reprefilled_tokens"] > ev[1]["cache_seqlens"]  # the closing too
+    assert ev[6]["cached_before"] == model["cache_seqlens"]  # the next turn reuses the re-prefilled cache
+    listed = [m["spec"] for m in ev[7]["data"]["models"]]
+    assert ev[7]["data"]["model"] == "random:tiny-qwen3" and listed[0] == DEFAULT
     assert listed[1:3] == ["random:tiny-qwen3", "random:tiny"]  # recent, the last first
     assert [c.model for c in ChatStore(chats).list()] == ["random:tiny-qwen3"]
 

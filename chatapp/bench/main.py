@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from chatapp.bench.decode import decode_at, peak_bandwidth, weight_bytes_per_token, with_mbu
+from chatapp.bench.longchat import long_chat, print_long_chat
 from chatapp.bench.models import resolve
 from chatapp.bench.peer import hf_static_decode
 from chatapp.bench.profile import graph_step_us, kernel_table
@@ -47,6 +48,9 @@ class BenchArgs:
     profile: bool
     ttft_reps: int
     resume: bool
+    long_chat: bool = False
+    context: int = 2048
+    old_turns: int = 200
 
 
 def positive(text: str) -> int:
@@ -79,7 +83,7 @@ def parse(argv: list[str]) -> BenchArgs:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--attn", default="auto", choices=["auto", "fa3", "fa2", "sdpa"])
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke run in seconds")
-    p.add_argument("--turns", type=positive, default=20)
+    p.add_argument("--turns", type=positive, help="scripted turns (default 20; --long-chat 200)")
     p.add_argument("--ttft-reps", type=positive, help="replays of each turn's prefill, median TTFT (GPU 3, CPU 1)")
     p.add_argument("--reply-tokens", type=positive, help="tokens per scripted reply (GPU 256, CPU 8)")
     p.add_argument("--contexts", type=positives,
@@ -89,22 +93,27 @@ def parse(argv: list[str]) -> BenchArgs:
     p.add_argument("--no-variants", action="store_true", help="skip eager / plain-graph / FA3 comparisons")
     p.add_argument("--no-profile", action="store_true", help="skip the per-kernel profile of a decode step")
     p.add_argument("--resume", action="store_true", help="also time resuming a stored chat (chatapp.bench.resume)")
+    p.add_argument("--long-chat", action="store_true", help="only the long chat past the context, once per trim "
+                   "policy (chatapp.bench.longchat; default model 'default', 16-token replies)")
+    p.add_argument("--context", type=positive, default=2048, help="--long-chat: the cache capacity (default 2048)")
+    p.add_argument("--old-turns", type=positive, help="--long-chat: turns for the old policy (default: --turns)")
     a = p.parse_args(argv)
     device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     check_device(device, a.attn)
     gpu = device.startswith("cuda")
     dtype = a.dtype if a.dtype != "auto" else ("bfloat16" if gpu else "float32")
     quick = a.quick
-    models = a.models or (GPU_MODELS if gpu else "random:smollm2-135m").split(",")
+    models = a.models or ("default" if a.long_chat else GPU_MODELS if gpu else "random:smollm2-135m").split(",")
+    turns = a.turns or (200 if a.long_chat else 20)
     contexts = a.contexts or ([64, 256] if quick else [512, 2048, 8192] if gpu else [128, 512])
     return BenchArgs(
         models=models, device=device, dtype=getattr(torch, dtype), attn=a.attn, gguf=a.gguf,
-        turns=a.turns, reply_tokens=a.reply_tokens or (4 if quick else 256 if gpu else 8),
+        turns=turns, reply_tokens=a.reply_tokens or (16 if a.long_chat else 4 if quick else 256 if gpu else 8),
         contexts=contexts,
         decode_tokens=a.decode_tokens or (8 if quick else 256 if gpu else 16),
         eager_tokens=8 if quick or not gpu else 32, peer=not a.no_peer, variants=gpu and not a.no_variants,
         profile=gpu and not a.no_profile, ttft_reps=a.ttft_reps or (3 if gpu else 1),
-        resume=a.resume)
+        resume=a.resume, long_chat=a.long_chat, context=a.context, old_turns=a.old_turns or turns)
 
 
 def capacity_for(lm, args: BenchArgs) -> int:
@@ -193,6 +202,12 @@ def bench_model(spec: str, args: BenchArgs, peak: float) -> dict:
     return res
 
 
+def long_chat_model(spec: str, args: BenchArgs) -> dict:
+    lm, note = resolve(spec, LoadOptions(device=args.device, dtype=args.dtype, attn=args.attn), args.gguf)
+    res = long_chat(lm, args.context, args.turns, args.reply_tokens, args.old_turns)
+    return {"model": lm.name, "spec": spec, "note": note, "device": args.device, "long_chat": res}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     device = torch.device(args.device)
@@ -201,8 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"nanochat-tui bench on {name}: copy bandwidth {peak / 1e9:.0f} GB/s (read + write)")
     results = []
     for spec in args.models:
-        res = bench_model(spec, args, peak)
-        print_model(res)
+        if args.long_chat:
+            res = long_chat_model(spec, args)
+            print_long_chat(res["model"], res["note"], res["long_chat"])
+        else:
+            res = bench_model(spec, args, peak)
+            print_model(res)
         results.append(res)
     print(json.dumps(summary_line(name, peak, results)))
     return 0

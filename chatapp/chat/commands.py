@@ -39,7 +39,8 @@ TABLE = [
     CommandSpec("/undo", "remove the last exchange", handler="undo"),
     CommandSpec("/system", "set the system prompt (starts a new chat)", "TEXT", handler="set_system"),
     CommandSpec("/set", "show the settings, or change them: /set temperature=0.7 top_k=50 top_p=0.9 seed=1 "
-                "max_new_tokens=256", "[NAME=VALUE ...]", handler="change_settings"),
+                "max_new_tokens=256 low_water=0.5 (a full context is trimmed to that share)",
+                "[NAME=VALUE ...]", handler="change_settings"),
     CommandSpec("/stats", "show the cache, the settings and the last turn's figures", handler="show_stats"),
     CommandSpec("/help", "list commands and keys", handler="show_help", screen="help"),
     CommandSpec("/save", "save this chat now (chats are also saved after every turn)", "[TITLE]",

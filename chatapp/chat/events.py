@@ -29,12 +29,12 @@ class TurnStats:
     turn: int
     user: str
     reply: str
-    prefill_tokens: int      # tokens pushed through the model before the first reply token
-    cached_before: int       # cache_seqlens when the turn started: history reused, not recomputed
+    prefill_tokens: int      # tokens pushed through the model before the first reply token, a trim's re-prefill in
+    cached_before: int       # history reused from the cache, not recomputed (0 after a trim: it recomputed all)
     cache_seqlens: int       # after the turn
     capacity: int
     decode_tokens: int
-    ttft_ms: float
+    ttft_ms: float           # the wait for the first token: its prefill, and a trim's re-prefill before it
     tokens_per_s: float
     stop: str                # "end" | "length" | "cancel"
     kv_bytes_used: int
@@ -42,17 +42,34 @@ class TurnStats:
     backend: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     thinking: str = ""       # the reply's thinking block, left out of `reply`
+    reprefilled_tokens: int = 0  # of prefill_tokens, those a trim re-prefilled (chat/trim.py)
     event: str = "turn"
 
 
 @dataclass
 class Trimmed:
+    """The context was full: the oldest exchanges left it and what is kept was re-prefilled
+    (chat/trim.py), as part of the turn that follows (its TurnStats count this in)."""
+
     dropped_exchanges: int
     dropped_tokens: int
     reprefilled_tokens: int
     cache_seqlens: int
     capacity: int
+    reprefill_ms: float = 0.0
     event: str = "trim"
+
+
+@dataclass
+class Prefilling:
+    """Progress of a long prefill the user waits for (a trim's re-prefill, a /model switch's):
+    `done` of `total` tokens are in the cache. The first comes at 0, the last at `total`. Faces may show it."""
+
+    done: int
+    total: int
+    reason: Literal["trim", "model"] = "trim"   # a trim's re-prefill, or a /model switch carrying the chat
+    model: str = ""                             # /model: the model being filled
+    event: str = "prefill"
 
 
 # What moved the cache: a new chat, retry's rewind, an undone exchange, a new system prompt,
@@ -157,16 +174,6 @@ class Copied:
 
 
 @dataclass
-class Prefilling:
-    """/model: the carried conversation going into the new model's cache, `done` of `total` tokens."""
-
-    model: str
-    done: int
-    total: int
-    event: str = "prefill"
-
-
-@dataclass
 class ModelSwitched:
     """/model: the new model holds the conversation (re-rendered for its template, re-prefilled)."""
 
@@ -190,7 +197,7 @@ class ModelSwitched:
 
 
 Event = (TextDelta | ToolCall | TurnStats | Trimmed | CacheState | Info | Error | Quit | Saved | Restored
-         | Branched | Copied | Prefilling | ModelSwitched)
+         | Prefilling | Branched | Copied | ModelSwitched)
 
 
 def to_json(ev: Event) -> dict:
@@ -201,4 +208,6 @@ def to_json(ev: Event) -> dict:
         d["tokens_per_s"] = round(ev.tokens_per_s, 2)
     if isinstance(ev, ModelSwitched):
         d["load_s"], d["prefill_s"] = round(ev.load_s, 3), round(ev.prefill_s, 3)
+    if isinstance(ev, Trimmed):
+        d["reprefill_ms"] = round(ev.reprefill_ms, 2)
     return d

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Generator as Yields
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
+from chatapp.chat import trim
 from chatapp.chat.attach import PASTED, Attachment, Attachments, Budget, file_command
 from chatapp.chat.clip import pick_reply, reply_text
 from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
@@ -105,7 +107,7 @@ class Session:
     def fit(self) -> list[Trimmed]:
         """After `adopt` of a conversation made for a longer context (/model): drop the oldest
         exchanges, as a full context does, until a reply fits. A trim refills the cache."""
-        return list(self._make_room(0))
+        return [ev for ev in self._make_room(0) if isinstance(ev, Trimmed)]
 
     def truncate(self, n: int) -> None:
         """Cut the token list to n tokens, rewinding the cache if it held more."""
@@ -156,10 +158,10 @@ class Session:
         """The turn for a message `user_tokens` gave `new` for; run it inside `_undoable`."""
         self.cancel_flag.clear()  # before the trim's re-fill, so a stop pressed during it counts
         self._last_reply_as_history()
-        yield from self._make_room(len(new))
+        trimmed = yield from self._make_room(len(new))
         self.exchanges.append(Exchange(text, len(self.tokens), len(self.tokens) + len(new)))
         self.tokens.extend(new)
-        yield from self._reply()
+        yield from self._reply(trimmed)
 
     def user_turn(self, text: str) -> list[int]:
         """The tokens a user message adds (the first one carries the system prompt in some formats)."""
@@ -206,7 +208,9 @@ class Session:
             self.tokens += hist + closing
             ex.end = len(self.tokens)
 
-    def _reply(self) -> Iterator[Event]:
+    def _reply(self, trimmed: Trimmed | None = None) -> Iterator[Event]:
+        """Prefill what is pending and decode. A trim just before (`trimmed`) is part of the wait
+        for the first token: its re-prefill counts in the turn's TTFT and prefill tokens."""
         ex = self.exchanges[-1]
         s = self.settings
         self.gen.configure(SamplingConfig(s.temperature, s.top_k, s.top_p, s.seed))
@@ -257,7 +261,12 @@ class Session:
         ex.tool_calls = tools.calls
         self.tokens.extend(self.template.end_reply())  # pending until the next turn
         ex.end = len(self.tokens)
-        yield self._stats(ex, prefill_tokens, cached_before, n, t0, t_first or t_end, t_end, stop)
+        if trimmed is not None:  # the trim recomputed the history: nothing was reused
+            t0 -= trimmed.reprefill_ms / 1000
+            prefill_tokens, cached_before = prefill_tokens + cached_before, 0
+        st = self._stats(ex, prefill_tokens, cached_before, n, t0, t_first or t_end, t_end, stop)
+        st.reprefilled_tokens = trimmed.reprefilled_tokens if trimmed else 0
+        yield st
 
     def _stats(self, ex, prefill_tokens, cached_before, n, t0, t_first, t_end, stop) -> TurnStats:
         decode_s = t_end - t_first
@@ -272,44 +281,26 @@ class Session:
         self.history.append(st)
         return st
 
-    def _make_room(self, incoming: int) -> Iterator[Event]:
-        """Drop the oldest whole exchanges until the new turn and a reply fit. The system
-        prompt stays. What is kept moves to new positions, so it is re-prefilled."""
-        want = incoming + min(self.settings.max_new_tokens, 64)
-        drop = 0
-        while drop < len(self.exchanges) and self._len_without(drop) + want > self.cache.capacity:
-            drop += 1
+    def _make_room(self, incoming: int) -> Yields[Event, None, Trimmed | None]:
+        """If the new turn and a reply do not fit, drop the oldest whole exchanges down to the
+        low-water mark and re-prefill what is kept (chat/trim.py: the policy and why). The
+        system prompt stays. Returns the Trimmed event, whose cost the turn's figures include."""
+        drop = trim.count_to_drop(len(self.tokens), [ex.start for ex in self.exchanges], incoming,
+                                  self.settings.max_new_tokens, self.cache.capacity, self.settings.low_water)
         if drop == 0:
-            return
-        cut_from = self.prefix_len
-        removed = len(self.tokens) - self._len_without(drop)
-        del self.tokens[cut_from:cut_from + removed]
-        for ex in self.exchanges[:drop]:  # out of the context, still part of the chat
-            ex.start = ex.reply_start = ex.end = -1
-            self.archive.append(ex)
+            return None
+        # families without a system role (nanochat) carry it in the first user turn
+        head = self.template.user_turn(self.exchanges[drop].user, self.system) if drop < len(self.exchanges) else []
+        done = trim.cut(self.tokens, self.exchanges, drop, head)
+        self.archive += self.exchanges[:drop]  # out of the context, still part of the chat
         self.exchanges = self.exchanges[drop:]
-        self._shift(-removed)
-        if self.exchanges:  # families without a system role (nanochat) carry it in the first user turn
-            first = self.exchanges[0]
-            head = self.template.user_turn(first.user, self.system)
-            self.tokens[first.start:first.reply_start] = head
-            self._shift(len(head) - (first.reply_start - first.start), keep_first_start=True)
         self.cache.reset()
-        self.gen.prefill(self.tokens)
-        yield Trimmed(drop, removed, len(self.tokens), self.cache.pos, self.cache.capacity)
-
-    def _shift(self, delta: int, keep_first_start: bool = False) -> None:
-        for j, ex in enumerate(self.exchanges):
-            if not (keep_first_start and j == 0):
-                ex.start += delta
-            ex.reply_start, ex.end = ex.reply_start + delta, ex.end + delta
-
-    def _len_without(self, n: int) -> int:
-        """Length of the token list if the n oldest exchanges were dropped."""
-        if n == 0:
-            return len(self.tokens)
-        kept_from = self.exchanges[n].start if n < len(self.exchanges) else len(self.tokens)
-        return len(self.tokens) - (kept_from - self.prefix_len)
+        self.gen.forget()
+        seconds = yield from trim.reprefill(self.gen, self.tokens)
+        ev = Trimmed(done.dropped, done.removed, self.cache.pos, self.cache.pos, self.cache.capacity,
+                     seconds * 1000)
+        yield ev
+        return ev
 
     # --- commands (chatapp/chat/commands.py's table names these handlers) ----------
     def run_command(self, line: str) -> Iterator[Event]:

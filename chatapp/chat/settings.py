@@ -18,6 +18,7 @@ class Settings:
     top_p: float = 0.9
     seed: int | None = None
     max_new_tokens: int = 256
+    low_water: float = 0.5           # a full context is trimmed down to this share of it (chat/trim.py)
     system: str | None = None        # None: the model's default system prompt
 
     def sampling_values(self) -> dict:
@@ -32,6 +33,7 @@ SETTINGS = {
     "top_p": (float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
     "seed": (int, lambda v: 0 <= v < 2**64, "an integer from 0 to 2**64 - 1"),
     "max_new_tokens": (int, lambda v: v >= 1, "an integer >= 1"),
+    "low_water": (float, lambda v: 0 < v <= 1, "a number in (0, 1] (1 = drop just enough for the turn)"),
 }
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(Settings) if f.name in SETTINGS}
 

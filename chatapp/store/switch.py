@@ -69,10 +69,10 @@ def prefill(s: Session) -> Iterator[Prefilling]:
     """Fill the cache with every pending token. The chunks are the Generator's own, so the
     cache is bit-for-bit what one `prefill` of it all would make."""
     start, total, step = s.cache.pos, len(s.tokens), s.gen.prefill_chunk
-    yield Prefilling(s.lm.name, 0, total - start)
+    yield Prefilling(0, total - start, "model", s.lm.name)
     for i in range(start, total, step):
         s.gen.prefill(s.tokens[i:i + step])
-        yield Prefilling(s.lm.name, min(i + step, total) - start, total - start)
+        yield Prefilling(min(i + step, total) - start, total - start, "model", s.lm.name)
 
 
 def lm_device(lm: LoadedModel) -> torch.device:

@@ -227,6 +227,7 @@ class ChatApp(ModelSwitching, Editing):
 
     async def on_session_event(self, msg: SessionEvent) -> None:
         ev, t = msg.event, self.transcript
+        self.panel.show_progress(ev)  # a re-prefill (trim or /model): its progress row
         match ev:
             case ToolCall():
                 await (await t.reply()).add_tool_call(ev)
@@ -238,7 +239,8 @@ class ChatApp(ModelSwitching, Editing):
             case Trimmed():
                 t.mark_dropped(ev.dropped_exchanges)
                 await t.notice(f"Context full: dropped the {ev.dropped_exchanges} oldest exchange(s) and "
-                               f"re-prefilled {ev.reprefilled_tokens} tokens.", "warning")
+                               f"re-prefilled {ev.reprefilled_tokens} tokens in {ev.reprefill_ms:,.0f} ms.",
+                               "warning")
             case Info():
                 await t.notice(ev.text)
             case Error():

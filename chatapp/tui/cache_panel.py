@@ -15,7 +15,7 @@ from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.widgets import Label, ProgressBar, Sparkline, Static
 
-from chatapp.chat.events import TurnStats
+from chatapp.chat.events import Event, Prefilling, TurnStats
 from chatapp.tui.visible import visible
 
 LABEL_WIDTH = 14
@@ -83,6 +83,7 @@ class CachePanel(VerticalScroll):
         yield Row("backend", "backend")
         yield Row("cache_seqlens", "cache_seqlens")
         yield ProgressBar(id="fill", show_eta=False)
+        yield Row("re-prefill", "reprefill")  # shown only while a trim refills the cache
         yield Row("shape", "shape")
         yield Label("(layers, B, T, H, D)", classes="hint")
         yield Row("dtype", "dtype")
@@ -131,6 +132,14 @@ class CachePanel(VerticalScroll):
         restore.update(Content(visible(restore_line)))
         restore.display = bool(restore_line)
 
+    def show_progress(self, ev: Event) -> None:
+        """A trim's re-prefill in progress (the user waits for it before the reply starts): its
+        last `Prefilling`, or any other event (the turn went on, or failed), hides the row."""
+        row = self.row("reprefill")
+        row.display = isinstance(ev, Prefilling) and ev.done < ev.total
+        if isinstance(ev, Prefilling):
+            row.set(f"{ev.done} / {ev.total} tokens ({ev.reason})")
+
     def show_turn(self, st: TurnStats) -> None:
         self.turn_stats.append(st)
         self._show_turns()
@@ -151,7 +160,9 @@ class CachePanel(VerticalScroll):
         last = {}
         if self.turn_stats:
             st = self.turn_stats[-1]
-            last = {"prefill": f"{st.prefill_tokens} new", "cached": f"{st.cached_before} reused",
+            trim = f"{st.prefill_tokens} ({st.reprefilled_tokens} by trim)"  # the trim's re-prefill counts in
+            prefill = trim if st.reprefilled_tokens else f"{st.prefill_tokens} new"
+            last = {"prefill": prefill, "cached": f"{st.cached_before} reused",
                     "ttft": HIDDEN if self.stable else f"{st.ttft_ms:.1f} ms",
                     "speed": HIDDEN if self.stable else f"{st.tokens_per_s:.1f} tok/s"}
         for id in ("prefill", "cached", "ttft", "speed"):

@@ -73,7 +73,7 @@ class ModelSwitching:
 
     async def show_model_event(self, ev: Event) -> None:
         match ev:
-            case Prefilling():
+            case Prefilling(reason="model"):
                 self.panel.show_restore(f"re-prefilling {ev.done} / {ev.total} tokens")
             case ModelSwitched():
                 await self.show_switch(ev)
