@@ -89,15 +89,16 @@ def _shift(exchanges: Sequence[Span], delta: int, keep_first_start: bool = False
         ex.reply_start, ex.end = ex.reply_start + delta, ex.end + delta
 
 
-def reprefill(gen: Generator, tokens: list[int], reason: str = "trim") -> Iterator[Prefilling]:
-    """Refill an emptied cache with `tokens`, a chunk at a time, yielding progress (first at 0,
-    so a face shows the row before the wait). Returns the seconds it took, device work included."""
+def reprefill(gen: Generator, tokens: list[int], reason: str = "trim", model: str = "") -> Iterator[Prefilling]:
+    """Prefill `tokens` (all of them pending), a chunk at a time, yielding progress (first at 0,
+    so a face shows the row before the wait). The chunks are the Generator's own, so the cache is
+    bit-for-bit what one `prefill` would make. Returns the seconds it took, device work included."""
     cache, step = gen.cache, gen.prefill_chunk
     t0 = time.perf_counter()
-    yield Prefilling(0, len(tokens), reason)
+    yield Prefilling(0, len(tokens), reason, model)
     for i in range(0, len(tokens), step):
         gen.prefill(tokens[i:i + step])
         if cache.device.type == "cuda":
             torch.cuda.synchronize(cache.device)  # the figure is the wait, not the launch
-        yield Prefilling(min(i + step, len(tokens)), len(tokens), reason)
+        yield Prefilling(min(i + step, len(tokens)), len(tokens), reason, model)
     return time.perf_counter() - t0

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from chatapp.chat.events import Event, Info, ModelSwitched, Prefilling
+from chatapp.chat.events import Event, Info, ModelSwitched
 from chatapp.chat.session import Session
+from chatapp.chat.trim import reprefill
 from chatapp.pull.fetch import ensure_default_model
 from chatapp.store.database import ChatData
 from chatapp.store.identity import Fingerprint
@@ -63,16 +64,6 @@ def carried(old: Session, lm: LoadedModel) -> tuple[Session, int]:
     tokens, exchanges = rendered_conversation(new, text)
     new.adopt(tokens, exchanges, archived(text))
     return new, sum(t.dropped_exchanges for t in new.fit())
-
-
-def prefill(s: Session) -> Iterator[Prefilling]:
-    """Fill the cache with every pending token. The chunks are the Generator's own, so the
-    cache is bit-for-bit what one `prefill` of it all would make."""
-    start, total, step = s.cache.pos, len(s.tokens), s.gen.prefill_chunk
-    yield Prefilling(0, total - start, "model", s.lm.name)
-    for i in range(start, total, step):
-        s.gen.prefill(s.tokens[i:i + step])
-        yield Prefilling(min(i + step, total) - start, total - start, "model", s.lm.name)
 
 
 def lm_device(lm: LoadedModel) -> torch.device:
@@ -124,7 +115,7 @@ def switch(keeper: ChatKeeper, spec: str) -> Iterator[Event]:
     new, failure = None, ""
     try:
         new, dropped = carried(keeper.session, lm)
-        yield from prefill(new)
+        yield from reprefill(new.gen, new.tokens[new.cache.pos:], "model", new.lm.name)
     except Exception as e:  # too long a system prompt, out of memory: the old chat is untouched
         failure = f"/model: {spec} cannot take this chat ({one_line(e)}); still on {previous}"
     if failure:
