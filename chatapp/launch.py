@@ -27,6 +27,7 @@ from chatapp.store.keeper import ChatKeeper
 from chatapp.store.models import remember
 from kvcache.attention import available_backends
 from model.errors import UserError
+from model.kernels.cpu import native
 from model.loading import LoadOptions, load_model
 
 Warn = Callable[[str], object]
@@ -52,8 +53,20 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     check_device(device, args.attn)
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
+    # On the CPU a GGUF's own quantization is the default: its weights stay as the file holds
+    # them and the C kernels decode (docs/weight-formats.md); --dtype float32 is the exact reference.
+    quantized = args.dtype == "auto" and device == "cpu" and native.library() is not None
     return LoadOptions(device=device, dtype=getattr(torch, dtype), attn=args.attn, step=args.step,
-                       tokenizer=args.tokenizer, model_tag=args.model_tag)
+                       tokenizer=args.tokenizer, model_tag=args.model_tag, quantized=quantized)
+
+
+def native_note(args: argparse.Namespace) -> str | None:
+    """Why a CPU run falls back to the slower fp32 path, once, or None."""
+    on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
+    if args.dtype != "auto" or not on_cpu or native.library() is not None:
+        return None
+    return (f"nanochat-tui: note: CPU kernels unavailable ({native.why_not()}); quantized models run "
+            "dequantized to fp32 (slower, more memory)")
 
 
 def check_device(device: str, attn: str) -> None:
@@ -91,6 +104,8 @@ def open_session(args: argparse.Namespace, progress=None, warn: Warn | None = No
     if args.context is not None and args.context < 16:
         raise UserError("--context must be at least 16 tokens")
     settings = settings_from(args)
+    if note := native_note(args):
+        (warn or to_stderr)(note)
     lm = load_model(resolve_model_spec(args.model, progress), load_options(args))
     if args.context is not None and args.context > lm.context_length:
         (warn or to_stderr)(f"nanochat-tui: --context {args.context} is more than {lm.name} takes; "

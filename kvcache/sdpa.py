@@ -40,6 +40,8 @@ def sdpa_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     qh = q.transpose(1, 2)
     kh = k_cache[:, :tk].transpose(1, 2)
     vh = v_cache[:, :tk].transpose(1, 2)
+    if kh.dtype != qh.dtype:   # an fp16 cache under fp32 activations (the quantized CPU path)
+        kh, vh = kh.to(qh.dtype), vh.to(qh.dtype)
     gqa = kh.shape[1] != qh.shape[1]
     mask = _visible_mask(pos, tq, tk, window_size[0], q.device) if causal else None
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5

@@ -2,7 +2,8 @@
 
 The session drives it token by token: `prefill(ids)` pushes tokens into the cache in
 bounded chunks, `sample()` picks the next token from the last logits, `feed(tok)` runs one
-decode step. A token that is sampled but not yet fed is "pending": it is in the
+decode step (on the CPU, quantized models decode through one C call a token:
+model/kernels/cpu/). A token that is sampled but not yet fed is "pending": it is in the
 conversation but not in the cache, which is exactly what the cache invariant allows.
 """
 
@@ -15,6 +16,7 @@ import torch
 from kvcache import KVCache
 from model.graph_config import GraphConfig
 from model.graphs import GraphDecoder
+from model.kernels.cpu.step import build_cpu_step
 from model.sampling import SamplingConfig, sample_token
 
 
@@ -31,6 +33,7 @@ class Generator:
         self.rng = torch.Generator(device=self.device)
         self.sampling = SamplingConfig()
         self.graphs = self._make_graphs(graphs) if self.device.type == "cuda" else None
+        self.cpu_step = build_cpu_step(model, cache) if self.device.type == "cpu" else None
 
     def _make_graphs(self, cfg: GraphConfig | None | str):
         """On CUDA, decode through a captured graph (model/graphs.py); eager if that is off or
@@ -63,7 +66,7 @@ class Generator:
             self.graphs.settle()
         for i in range(0, len(ids), self.prefill_chunk):
             chunk = torch.tensor([ids[i:i + self.prefill_chunk]], dtype=torch.long, device=self.device)
-            self.logits = self.model(chunk, self.cache)[0, -1, :self.vocab_size]
+            self.logits = self.model(chunk, self.cache, last=True)[0, -1, :self.vocab_size]
         if self.graphs is not None and ids:
             self.graphs.load_logits(self.logits, ids[-1])
             self.logits = self.graphs.logits
@@ -73,6 +76,9 @@ class Generator:
         if self.graphs is not None:
             self.graphs.feed(tok)
             self.logits = self.graphs.logits
+            return
+        if self.cpu_step is not None:
+            self.logits = self.cpu_step(tok)[:self.vocab_size]
             return
         x = torch.tensor([[tok]], dtype=torch.long, device=self.device)
         self.logits = self.model(x, self.cache)[0, -1, :self.vocab_size]

@@ -205,12 +205,13 @@ class Llama(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # fp32 even in a bf16 model
+        self.cache_dtype: torch.dtype | None = None  # None: the weights' dtype (quantized models: fp16)
 
     def new_cache(self, seq_len: int | None = None) -> KVCache:
         c = self.config
-        p = self.lm_head.weight
+        p = self.model.norm.weight
         return KVCache(1, c.num_key_value_heads, seq_len or self.max_seq_len, c.head_dim,
-                       c.num_hidden_layers, p.device, p.dtype)
+                       c.num_hidden_layers, p.device, self.cache_dtype or p.dtype)
 
     def rope(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self._rope is None or self._rope[0].device != device:
@@ -219,8 +220,9 @@ class Llama(nn.Module):
                                        freq_factors=c.freq_factors())
         return self._rope
 
-    def forward(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Logits (fp32) for the new tokens `idx` (B, T); their K/V land in `cache`."""
+    def forward(self, idx: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
+        """Logits (fp32) for the new tokens `idx` (B, T), or for the last one only (`last`:
+        a prefill needs no others); their K/V land in `cache`."""
         t = idx.shape[1]
         cache.check_fits(t)  # before any layer writes: an overflow leaves the cache as it was
         pos = cache.pos
@@ -230,4 +232,4 @@ class Llama(nn.Module):
         for layer in self.model.layers:
             x = layer(x, cos, sin, cache, self.attn)
         cache.advance(t)
-        return self.lm_head(self.model.norm(x)).float()
+        return self.lm_head(self.model.norm(x[:, -1:] if last else x)).float()

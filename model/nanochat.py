@@ -128,7 +128,8 @@ class Nanochat(nn.Module):
         cur = cur + gate * prev
         return torch.cat([x[:, :1], cur], dim=1) if pos == 0 else cur
 
-    def forward(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
+        """`last`: only the last position's logits (a prefill needs no others)."""
         cfg, t = self.config, idx.shape[1]
         cache.check_fits(t)  # before anything is written: an overflow leaves the cache as it was
         pos = cache.pos
@@ -147,6 +148,8 @@ class Nanochat(nn.Module):
                 x_backout = x
         if x_backout is not None:
             x = x - self.backout_lambda.to(x.dtype) * x_backout
+        if last:
+            x = x[:, -1:]
         logits = self.lm_head(rms_norm(x))[..., :cfg.vocab_size].float()
         cache.advance(t)
         return cfg.softcap * torch.tanh(logits / cfg.softcap)

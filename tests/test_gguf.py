@@ -31,9 +31,11 @@ HF_LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v"
 # Every supported type appears; the Q/K projections go through four different ones.
 MIXED = {"token_embd": Q.Q8_0, "output": Q.Q6_K,
          0: {"attn_q": Q.Q4_0, "attn_k": Q.Q4_1, "attn_v": Q.F16, "attn_output": Q.BF16,
-             "ffn_gate": Q.Q4_K, "ffn_up": Q.Q6_K, "ffn_down": Q.Q8_0},
-         1: {"attn_q": Q.Q8_0, "attn_k": Q.BF16, "attn_v": Q.Q4_K, "attn_output": Q.Q6_K,
+             "ffn_gate": Q.Q4_K, "ffn_up": Q.Q5_K, "ffn_down": Q.Q5_0},
+         1: {"attn_q": Q.Q8_0, "attn_k": Q.BF16, "attn_v": Q.Q5_1, "attn_output": Q.Q6_K,
              "ffn_gate": Q.Q4_1, "ffn_up": Q.Q4_0, "ffn_down": Q.F32}}
+# Sizes of the K-quant blocks, and where their fp16 scale(s) sit.
+K_BLOCKS = {Q.Q4_K: (144, (0, 2)), Q.Q5_K: (176, (0, 2)), Q.Q6_K: (210, (208,)), Q.Q2_K: (84, (80, 82))}
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -43,18 +45,17 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def random_k_quant(rows: int, cols: int, kind: Q, rng: np.random.Generator) -> np.ndarray:
     """Random K-quant blocks with small, finite scales (gguf can dequantize but not quantize these)."""
-    block, size = (144, 0) if kind == Q.Q4_K else (210, 208)
+    block, at = K_BLOCKS[kind]
     raw = rng.integers(0, 256, (rows, cols // 256, block), dtype=np.uint8)
-    scale = np.frombuffer(np.float16(1e-4 if kind == Q.Q4_K else 2e-5).tobytes(), np.uint8)
-    raw[..., size:size + 2] = scale
-    if kind == Q.Q4_K:
-        raw[..., 2:4] = scale   # dmin
+    scale = np.frombuffer(np.float16(2e-5 if kind == Q.Q6_K else 1e-4).tobytes(), np.uint8)
+    for i in at:   # d, and dmin where the type has one
+        raw[..., i:i + 2] = scale
     return raw.reshape(rows, -1)
 
 
 def encode_tensor(w: np.ndarray, kind: Q, rng) -> tuple[np.ndarray, np.ndarray]:
     """(the GGUF payload, the float32 weights it stands for)."""
-    if kind in (Q.Q4_K, Q.Q6_K):
+    if kind in K_BLOCKS:
         raw = random_k_quant(*w.shape, kind, rng)
     elif kind == Q.F32:
         raw = w.astype(np.float32)
@@ -211,9 +212,9 @@ def test_unsupported_architecture(tmp_path, home):
 
 
 def test_unsupported_quant_type(tmp_path, home):
-    path = tmp_path / "q5.gguf"
-    write_gguf(path, {0: {"ffn_up": Q.Q5_0}}, tied=True)
-    with pytest.raises(ModelLoadError, match=r"type Q5_0; supported types: F32, F16, BF16, Q8_0") as e:
+    path = tmp_path / "q2.gguf"
+    write_gguf(path, {0: {"ffn_up": Q.Q2_K}}, tied=True)
+    with pytest.raises(ModelLoadError, match=r"type Q2_K; supported types: F32, F16, BF16, Q8_0") as e:
         load_model(str(path))
     assert "\n" not in str(e.value) and leftovers(home) == []
 

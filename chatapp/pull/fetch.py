@@ -58,7 +58,14 @@ def default_model_dir() -> Path:
 
 
 def is_installed(path: Path) -> bool:
-    return all((path / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json"))
+    """Complete, and converted by this release's converter (an older conversion is redone)."""
+    if not all((path / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json")):
+        return False
+    try:
+        source = json.loads((path / "nanochat-source.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return True   # installed by hand (pull --from a folder's files): take it as it is
+    return not isinstance(source, dict) or source.get("converter_version", CONVERTER_VERSION) == CONVERTER_VERSION
 
 
 def ensure_default_model(progress: ProgressFn | None = None, source: str | None = None) -> Path:

@@ -22,6 +22,7 @@ import torch
 
 from model.families import backend_family
 from model.loading import LoadedModel
+from model.quant.qlinear import QLinear
 from model.tokenizer import Tokenizer
 
 
@@ -78,7 +79,11 @@ def config_hash(model: torch.nn.Module) -> str:
 
 def weights_hash(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
-    for name, p in model.named_parameters():  # tied weights are listed once
+    # Tied weights are listed once. A QLinear's weights are buffers (the file's blocks); other
+    # modules' buffers stay out, so the identities of older chats' models do not change.
+    quantized = [(f"{m}.{b}", t) for m, mod in model.named_modules() if isinstance(mod, QLinear)
+                 for b, t in mod.named_buffers(recurse=False) if t is not None]
+    for name, p in [*model.named_parameters(), *quantized]:
         t = p.detach()
         h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
         # hashlib releases the GIL on large buffers, so this thread does not stall generation.
@@ -110,8 +115,10 @@ class Fingerprint:
 
     def _compute(self) -> ModelIdentity:
         p = next(self.model.parameters())
-        return ModelIdentity(config_hash(self.model), weights_hash(self.model),
-                             str(p.dtype).removeprefix("torch."), backend_family(self.model))
+        dtype = str(p.dtype).removeprefix("torch.")
+        if any(isinstance(m, QLinear) for m in self.model.modules()):
+            dtype = "blocks/float16-cache"   # the file's quantization, an fp16 cache: not the fp32 reference
+        return ModelIdentity(config_hash(self.model), weights_hash(self.model), dtype, backend_family(self.model))
 
 
 def tokenizer_fingerprint(tok: Tokenizer) -> str:

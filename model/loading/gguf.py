@@ -1,6 +1,7 @@
 """Llama, Qwen2 and Qwen3 GGUF files, converted once into the canonical model directory.
 
-`convert_gguf` dequantizes every tensor with the `gguf` package, renames it to Hugging Face's
+`convert_gguf` keeps every tensor's quantization: block types are repacked into our block
+formats (model/quant/blocks.py, exact), dense ones are copied. It renames them to Hugging Face's
 naming, undoes llama.cpp's Q/K row permutation (its converter permutes `llama` only), turns a
 `rope_freqs` tensor (Llama 3.x scaling) into config.json's rope_freq_factors, and writes config.json, model.safetensors,
 tokenizer.json and tokenizer_config.json. `load_gguf` converts into the cache on first use and
@@ -24,9 +25,11 @@ from model.loading.gguf_meta import GGUFFile, hf_config, open_gguf, tokenizer_fi
 from model.loading.hf import load_hf_dir
 from model.loading.options import LoadedModel, LoadOptions
 from model.loading.safetensors_out import TensorSpec, write_safetensors
+from model.paths import cache_root
+from model.quant.blocks import BLOCK_TYPES, Packed, repack
 
 Progress = Callable[[str, float, float], None]   # (stage, done, total)
-CONVERTER_VERSION = "2"   # bump when the output of convert_gguf changes: cached conversions are redone
+CONVERTER_VERSION = "3"   # bump when the output of convert_gguf changes: cached conversions are redone
 
 LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -36,7 +39,10 @@ LAYER_NAMES = {
 }
 TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
              "output.weight": "lm_head.weight"}
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+DENSE_TYPES = ("F32", "F16", "BF16")
+SUPPORTED_TYPES = DENSE_TYPES + BLOCK_TYPES
+PAD = "nanochat.pad."   # filler tensors that keep the next tensor aligned; loaders skip them
+NUMPY_SIZE = {"F32": 4, "F16": 2, "BF16": 2, "U8": 1, "I8": 1}
 
 
 BIASED = ("attn_q", "attn_k", "attn_v")   # Qwen2's; a bias elsewhere is a model we cannot run
@@ -68,42 +74,74 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
-def tensor_plan(g: GGUFFile, config: dict) -> list[tuple[TensorSpec, object]]:
-    """What to write, in file order: (spec, the GGUF tensor it comes from). A rope_freqs tensor
-    goes into `config` instead."""
-    plan = []
+def tensor_plan(g: GGUFFile, config: dict) -> list[tuple[TensorSpec, object, str]]:
+    """What to write: (spec, the GGUF tensor it comes from, which part of it). Block-quantized
+    tensors become three parts (scale, min, values; blocks.py); a rope_freqs tensor goes into
+    `config` instead. Parts are ordered so every tensor starts aligned to its element size."""
+    plan, offset, pads = [], 0, 0
     for t in g.reader.tensors:
         if t.name == ROPE_FREQS:   # not a weight: config.json carries it
             config["rope_freq_factors"] = rope_freq_factors(t, str(g.path))
             continue
-        if t.tensor_type.name not in SUPPORTED_TYPES:
-            raise ModelLoadError(f"{g.path}: tensor {t.name} has type {t.tensor_type.name}; supported types: "
+        kind = t.tensor_type.name
+        if kind not in SUPPORTED_TYPES:
+            raise ModelLoadError(f"{g.path}: tensor {t.name} has type {kind}; supported types: "
                                  f"{', '.join(SUPPORTED_TYPES)} (re-quantize the file, e.g. to Q8_0 or Q4_K)")
         name = hf_name(t.name, str(g.path))
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        dtype = {"F16": "F16", "BF16": "BF16"}.get(t.tensor_type.name, "F32")   # 16-bit stays exact
-        plan.append((TensorSpec(name, dtype, shape), t))
+        if kind in DENSE_TYPES or len(shape) != 2:
+            parts = [(TensorSpec(name, kind if kind in ("F16", "BF16") else "F32", shape), "dense")]
+        else:
+            parts = [(TensorSpec(f"{name}.{p}", dt, s), p) for p, dt, s in packed_specs(kind, shape)]
+        for spec, part in parts:
+            align = NUMPY_SIZE[spec.dtype]
+            if offset % align:   # safetensors allows no gaps: a filler tensor keeps the next one aligned
+                pad = TensorSpec(f"{PAD}{pads}", "U8", (align - offset % align,))
+                plan.append((pad, None, "pad"))
+                offset, pads = offset + pad.nbytes, pads + 1
+            plan.append((spec, t, part))
+            offset += spec.nbytes
     return plan
 
 
-def dequantize(spec: TensorSpec, t, config: dict) -> np.ndarray:
-    # Lazy, as in gguf_meta.open_gguf: only a .gguf needs the gguf package.
-    from gguf import GGMLQuantizationType, quants
+def packed_specs(kind: str, shape: tuple[int, int]) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(part, safetensors dtype, shape) of a block tensor, without decoding it."""
+    rows, cols = shape
+    sub = 16 if kind == "Q6_K" else 32
+    sdt = "F32" if kind.endswith("_K") else "F16"
+    values = ("q4", "U8", (rows, cols // 2)) if kind in ("Q4_0", "Q4_1", "Q4_K") else ("q8", "I8", (rows, cols))
+    scales = [("scale", sdt, (rows, cols // sub))]
+    if kind in ("Q4_0", "Q4_1", "Q4_K", "Q5_1", "Q5_K"):
+        scales.append(("min", sdt, (rows, cols // sub)))
+    return scales + [values]
 
-    kind = t.tensor_type
-    if kind == GGMLQuantizationType.BF16:
-        w = np.asarray(t.data).view(np.uint16)
-    elif kind == GGMLQuantizationType.F16:
-        w = np.asarray(t.data).view(np.float16)
-    else:
-        w = quants.dequantize(t.data, kind).astype(np.float32, copy=False)
-    w = w.reshape(spec.shape)
-    if config["model_type"] != "llama":   # llama.cpp permutes Q/K rows for its llama architecture only
+
+def tensor_data(t, part: str, config: dict, cache: dict) -> np.ndarray:
+    """One part's array. A block tensor is repacked once for its three parts (`cache`)."""
+    kind = t.tensor_type.name
+    if part == "dense":
+        w = np.asarray(t.data)
+        w = w.view(np.uint16) if kind == "BF16" else w.view(np.float16) if kind == "F16" else w.astype(np.float32)
+        w = w.reshape(tuple(int(d) for d in reversed(t.shape.tolist())))
+        return permuted(w, t.name, config) if w.ndim == 2 else w
+    if cache.get("name") != t.name:
+        rows, cols = (int(d) for d in reversed(t.shape.tolist()))
+        cache.clear()
+        cache.update(name=t.name, packed=repack(kind, np.asarray(t.data), rows, cols))
+    p: Packed = cache["packed"]
+    arr = {"scale": p.scale, "min": p.min, "q4": p.q, "q8": p.q}[part]
+    return permuted(arr, t.name, config)
+
+
+def permuted(w: np.ndarray, gguf_name: str, config: dict) -> np.ndarray:
+    """Rows of Q and K back in Hugging Face's order (llama.cpp permutes them for `llama` only).
+    Works on values, scales and mins alike: the permutation moves whole rows."""
+    if config["model_type"] != "llama":
         return w
-    if spec.name.endswith("self_attn.q_proj.weight"):
-        w = unpermute(w, config["num_attention_heads"])
-    elif spec.name.endswith("self_attn.k_proj.weight"):
-        w = unpermute(w, config["num_key_value_heads"])
+    if gguf_name.endswith("attn_q.weight"):
+        return unpermute(w, config["num_attention_heads"])
+    if gguf_name.endswith("attn_k.weight"):
+        return unpermute(w, config["num_key_value_heads"])
     return w
 
 
@@ -114,41 +152,38 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = Non
     g = open_gguf(Path(gguf_path))
     config = hf_config(g, name or Path(gguf_path).stem)
     plan = tensor_plan(g, config)
-    specs = {s.name: s for s, _ in plan}
+    names = {s.name.rsplit(".", 1)[0] if part not in ("dense", "pad") else s.name for s, _, part in plan}
     for needed in ("model.embed_tokens.weight", "model.norm.weight"):
-        if needed not in specs:
+        if needed not in names:
             raise ModelLoadError(f"{gguf_path}: missing tensor {needed}")
-    config["tie_word_embeddings"] = "lm_head.weight" not in specs
-    config["vocab_size"] = specs["model.embed_tokens.weight"].shape[0]   # padded vocabularies included
+    config["tie_word_embeddings"] = "lm_head.weight" not in names
+    embd = next(t for s, t, part in plan if t is not None and hf_name(t.name, "") == "model.embed_tokens.weight")
+    config["vocab_size"] = int(embd.shape[-1])   # padded vocabularies included
     tok_json, tok_config = tokenizer_files(g)   # builds the tokenizer once: errors surface now
     if progress:
         progress("read", 1, 1)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    sources = {s.name: t for s, t in plan}
+    sources = {s.name: (t, part) for s, t, part in plan}
+    cache: dict = {}
 
     def produce(spec: TensorSpec) -> np.ndarray:
+        t, part = sources[spec.name]
+        if part == "pad":
+            return np.zeros(spec.shape, np.uint8)
         try:
-            return dequantize(spec, sources[spec.name], config)
+            return tensor_data(t, part, config, cache)
         except (ValueError, IndexError) as e:   # short data in a truncated file
-            raise ModelLoadError(f"{gguf_path}: tensor {spec.name} is unreadable ({e}); the file may be "
+            raise ModelLoadError(f"{gguf_path}: tensor {t.name} is unreadable ({e}); the file may be "
                                  "truncated") from None
 
     report = (lambda i: progress("convert", i, len(plan))) if progress else None
-    write_safetensors(out_dir / "model.safetensors", list(specs.values()), produce,
+    write_safetensors(out_dir / "model.safetensors", [s for s, _, _ in plan], produce,
                       metadata={"format": "pt", "source": Path(gguf_path).name}, on_tensor=report)
     for fname, data in (("config.json", config), ("tokenizer.json", tok_json), ("tokenizer_config.json", tok_config)):
         text = json.dumps(data, ensure_ascii=False, indent=None if fname == "tokenizer.json" else 2)
         (out_dir / fname).write_text(text + "\n", encoding="utf-8")
     return out_dir
-
-
-def cache_root() -> Path:
-    """`$NANOCHAT_TUI_HOME`, else `$XDG_CACHE_HOME/nanochat-tui`, else ~/.cache/nanochat-tui."""
-    if os.environ.get("NANOCHAT_TUI_HOME"):
-        return Path(os.environ["NANOCHAT_TUI_HOME"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "nanochat-tui"
 
 
 def staging_dir(parent: Path, prefix: str) -> Path:

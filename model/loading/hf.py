@@ -18,6 +18,7 @@ from model.errors import ModelLoadError
 from model.families import FAMILIES, Family, for_architectures
 from model.llama import Llama, LlamaConfig
 from model.loading.options import LoadedModel, LoadOptions
+from model.loading.quantized import dequantized, install, take_packed
 
 
 def read_json(path: Path) -> dict:
@@ -49,29 +50,39 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 def build_model(family: Family, cfg: LlamaConfig, weights: dict[str, torch.Tensor], opts: LoadOptions,
                 where: str) -> Llama:
-    """The family's model with Hugging Face-named weights (Llama-shaped names and tying)."""
+    """The family's model with Hugging Face-named weights (Llama-shaped names and tying).
+    Block-quantized weights (a converted GGUF) stay quantized when `opts.quantized`, else
+    they are dequantized exactly (loading/quantized.py)."""
     with torch.device("meta"):
         model = family.model(cfg, Attention(opts.attn))
+    packed = take_packed(weights, where)
+    if not opts.quantized:
+        weights.update(dequantized(packed))
+        packed = {}
     if cfg.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     expected = {k: v.shape for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
-    missing = sorted(set(expected) - set(weights))
+    present = set(weights) | set(packed)
+    missing = sorted(set(expected) - present)
     if missing:
         raise ModelLoadError(f"{where}: missing weights, e.g. {missing[0]} ({len(missing)} missing)")
     # Weights the config has no place for mean the config is wrong (say, too few layers): refuse
     # rather than chat with part of a model. Old checkpoints store rotary tables: those we rebuild.
-    unused = sorted(k for k in set(weights) - set(expected) if not k.endswith("rotary_emb.inv_freq"))
+    unused = sorted(k for k in present - set(expected) if not k.endswith("rotary_emb.inv_freq"))
     if unused:
         raise ModelLoadError(f"{where}: weights the config does not use, e.g. {unused[0]} ({len(unused)} "
                              f"unused; is config.json's num_hidden_layers right?)")
     for k, shape in expected.items():
-        if tuple(weights[k].shape) != tuple(shape):
-            raise ModelLoadError(f"{where}: {k} has shape {tuple(weights[k].shape)}, config says {tuple(shape)}")
-    state = {k: weights[k].to(device=opts.device, dtype=opts.dtype) for k in expected}
+        got = tuple(weights[k].shape) if k in weights else (packed[k].out_features, packed[k].in_features)
+        if got != tuple(shape):
+            raise ModelLoadError(f"{where}: {k} has shape {got}, config says {tuple(shape)}")
+    state = {k: weights[k].to(device=opts.device, dtype=opts.dtype) for k in expected if k in weights}
     model.load_state_dict(state, strict=False, assign=True)
-    if cfg.tie_word_embeddings:
+    if opts.quantized:
+        install(model, packed, weights)
+    elif cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval()
 

@@ -15,6 +15,9 @@ class LoadOptions:
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
     attn: str = "auto"
+    # Keep a GGUF's block-quantized weights as they are and decode with the CPU kernels
+    # (the CPU default); False dequantizes them exactly to `dtype` on load.
+    quantized: bool = False
     step: int | None = None          # nanochat: checkpoint step (default: the last)
     tokenizer: str | None = None     # nanochat: path to tokenizer.pkl
     model_tag: str | None = None     # nanochat: e.g. d20

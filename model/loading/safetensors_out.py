@@ -15,18 +15,18 @@ from pathlib import Path
 import numpy as np
 
 # numpy has no bfloat16: BF16 tensors arrive as little-endian uint16 bit patterns.
-NUMPY = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
+NUMPY = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "U8": "|u1", "I8": "|i1"}
 
 
 @dataclass
 class TensorSpec:
     name: str
-    dtype: str            # safetensors dtype: F32, F16, BF16
+    dtype: str            # safetensors dtype: F32, F16, BF16, U8, I8
     shape: tuple[int, ...]
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * (4 if self.dtype == "F32" else 2)
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(NUMPY[self.dtype]).itemsize
 
 
 def write_safetensors(path: Path, specs: list[TensorSpec], produce: Callable[[TensorSpec], np.ndarray],

@@ -1,0 +1,118 @@
+"""Builds qdecode.c once per machine and loads it with ctypes.
+
+The library is compiled with the machine's own C compiler (-O3 -march=native, OpenMP), at
+install time (install.sh) or on first use, named by a hash of the source and the flags, so an upgrade rebuilds it
+and two processes never load a half-written file. Without a compiler `library()` returns
+None and the caller runs the slower PyTorch path (launch prints why once).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import cache
+from pathlib import Path
+
+from model.paths import cache_root
+
+SOURCE = Path(__file__).with_name("qdecode.c")
+ATTEMPTS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3", "-march=native"], ["-O3"])
+
+
+class QW(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int32), ("sdt", ctypes.c_int32), ("rows", ctypes.c_int32),
+                ("cols", ctypes.c_int32), ("sub", ctypes.c_int32), ("pad", ctypes.c_int32),
+                ("q", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("min", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [(n, QW) for n in ("wq", "wk", "wv", "wo", "wg", "wu", "wd")] + [
+        (n, ctypes.c_void_p) for n in ("attn_norm", "ffn_norm", "post_attn_norm", "post_ffn_norm", "q_norm",
+                                        "k_norm", "cos", "sin")] + [("window", ctypes.c_int32), ("pad", ctypes.c_int32)]
+
+
+class Model(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int32) for n in ("n_layers", "dim", "n_head", "n_kv", "head_dim", "hidden", "vocab",
+                                              "cap", "act", "n_threads")] + [
+        (n, ctypes.c_float) for n in ("eps", "emb_scale", "attn_scale", "final_softcap")] + [
+        ("embed", QW), ("lm_head", QW), ("final_norm", ctypes.c_void_p), ("layers", ctypes.POINTER(Layer))]
+
+
+def compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def _target(flags: list[str], cc: str) -> Path:
+    """Beside the source when the install is writable (one build for every chat home), else in
+    the cache directory."""
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *flags, sys.platform]).encode()).hexdigest()[:16]
+    here = SOURCE.parent / "build"
+    if os.access(here if here.exists() else SOURCE.parent, os.W_OK):
+        return here / f"qdecode-{key}.so"
+    return cache_root() / "native" / f"qdecode-{key}.so"
+
+
+def _compile(cc: str, flags: list[str], out: Path) -> bool:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.{os.getpid()}-", dir=out.parent)
+    os.close(fd)
+    cmd = [cc, *flags, "-shared", "-fPIC", "-o", tmp, str(SOURCE), "-lm"]
+    try:
+        ok = subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0
+        if ok:
+            os.replace(tmp, out)   # atomic: readers see the whole library or none
+        return ok
+    except (OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    lib.qd_new.restype = ctypes.c_void_p
+    lib.qd_new.argtypes = [ctypes.POINTER(Model)]
+    lib.qd_free.argtypes = [ctypes.c_void_p]
+    lib.qd_step.restype = ctypes.c_int
+    lib.qd_step.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                            ctypes.c_void_p]
+    lib.qd_dequant.argtypes = [ctypes.POINTER(QW), ctypes.c_void_p, ctypes.c_int]
+    lib.qd_gemv.argtypes = [ctypes.POINTER(QW), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.qd_simd.restype = ctypes.c_int
+    return lib
+
+
+@cache
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels, building them on first use; None without a working C compiler
+    (or with NANOCHAT_NATIVE=0)."""
+    if os.environ.get("NANOCHAT_NATIVE", "1") == "0" or (cc := compiler()) is None:
+        return None
+    for flags in ATTEMPTS:
+        out = _target(flags, cc)
+        if out.exists() or _compile(cc, flags, out):
+            try:
+                return _bind(ctypes.CDLL(str(out)))
+            except OSError:
+                out.unlink(missing_ok=True)
+    return None
+
+
+def why_not() -> str:
+    """One line for the user when library() is None."""
+    if os.environ.get("NANOCHAT_NATIVE", "1") == "0":
+        return "NANOCHAT_NATIVE=0"
+    return "no C compiler found (install gcc or clang)" if compiler() is None else "the C compiler failed on qdecode.c"
+
+
+if __name__ == "__main__":   # `python -m model.kernels.cpu.native`: build now (install.sh does)
+    lib = library()
+    print(f"CPU kernels: built ({'AVX2' if lib.qd_simd() else 'portable C'})" if lib else
+          f"note: CPU kernels not built: {why_not()}; quantized models will run dequantized to fp32 (slower, "
+          "more memory)")

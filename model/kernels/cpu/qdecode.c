@@ -1,0 +1,508 @@
+/* Batch-1 decode of a Llama-shaped model on the CPU, over weights in our block formats.
+ *
+ * One call runs a whole token: embedding, every layer, the head. Python's per-op overhead
+ * (about 17 ms a token in the eager step) is what made the CPU path slow, not the matmuls,
+ * so the step lives here as one OpenMP parallel region with a barrier per matmul.
+ *
+ * Weight formats (docs/weight-formats.md): dense f32/f16/bf16 rows, or blocks along a row of
+ *   Q8: int8 values, one scale per sub-block of 16 or 32 (and optionally a min), value = s*q + m
+ *   Q4: 4-bit unsigned values, 16 bytes per 32 (low nibbles 0..15, high 16..31), s*q + m
+ * Activations are quantized to int16 per 32, so a block's dot product is one integer
+ * multiply-add chain scaled once.
+ *
+ * The KV cache is the persistent FA3-layout cache (n_layers, 1, T, Hk, D) in fp16; this step
+ * writes the new token's K/V at `pos` and attends over [start, pos] (start > 0 for windows).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define QD_AVX2 1
+#endif
+
+enum { K_F32 = 0, K_F16 = 1, K_BF16 = 2, K_Q8 = 3, K_Q4 = 4 };
+enum { S_F16 = 0, S_F32 = 1 };
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
+
+typedef struct {
+    int32_t kind, sdt, rows, cols, sub;   /* sub: values per scale (16 or 32) */
+    int32_t pad;
+    const void *q, *scale, *min;          /* min may be NULL */
+    const float *bias;                    /* per row, may be NULL */
+} QW;
+
+typedef struct {
+    QW wq, wk, wv, wo, wg, wu, wd;
+    const float *attn_norm, *ffn_norm, *post_attn_norm, *post_ffn_norm, *q_norm, *k_norm;
+    const float *cos, *sin;               /* (capacity, D/2) */
+    int32_t window, pad;                  /* keys [pos - window, pos]; -1: all */
+} Layer;
+
+typedef struct {
+    int32_t n_layers, dim, n_head, n_kv, head_dim, hidden, vocab, cap, act, n_threads;
+    float eps, emb_scale, attn_scale, final_softcap;
+    QW embed, lm_head;
+    const float *final_norm;
+    const Layer *layers;
+} Model;
+
+/* ---- scalar conversions ------------------------------------------------------------- */
+static inline float h2f(uint16_t h) {
+#ifdef QD_AVX2
+    return _cvtsh_ss(h);
+#else
+    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
+    if (e == 0) {
+        if (m == 0) bits = s;
+        else { e = 127 - 15 + 1; while (!(m & 0x400)) { m <<= 1; e--; } bits = s | (e << 23) | ((m & 0x3ff) << 13); }
+    } else if (e == 31) bits = s | 0x7f800000 | (m << 13);
+    else bits = s | ((e + 112) << 23) | (m << 13);
+    float f; memcpy(&f, &bits, 4); return f;
+#endif
+}
+
+static inline uint16_t f2h(float f) {
+#ifdef QD_AVX2
+    return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else   /* round to nearest even, as torch's .half() */
+    uint32_t x; memcpy(&x, &f, 4);
+    uint32_t s = (x >> 16) & 0x8000, e = (x >> 23) & 0xff, m = x & 0x7fffff;
+    if (e == 255) return (uint16_t)(s | 0x7c00 | (m ? 0x200 : 0));
+    int32_t ee = (int32_t)e - 127 + 15;
+    if (ee >= 31) return (uint16_t)(s | 0x7c00);
+    if (ee <= 0) {
+        if (ee < -10) return (uint16_t)s;
+        m |= 0x800000; int shift = 14 - ee; uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return (uint16_t)(s | r);
+    }
+    uint32_t r = ((uint32_t)ee << 10) | (m >> 13), rem = m & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) r++;
+    return (uint16_t)(s | r);
+#endif
+}
+
+static inline float bf2f(uint16_t h) { uint32_t b = (uint32_t)h << 16; float f; memcpy(&f, &b, 4); return f; }
+
+static inline float ld_s(const void *p, int sdt, size_t i) {
+    return sdt == S_F32 ? ((const float *)p)[i] : h2f(((const uint16_t *)p)[i]);
+}
+
+/* ---- activations quantized to int16 per 32 ---------------------------------------------- */
+/* int16, not llama.cpp's int8: with int8 the head's logits moved by 0.25 on the default model
+   (its last hidden state has outlier channels) and greedy picks flipped; int16 costs one more
+   widening per 16 weights and leaves the activations' error at 1/32767 of each block's max. */
+typedef struct { const float *x; int16_t *q; float *d, *s; int n; } Act;
+
+static void quantize_act(Act *a) {
+    for (int b = 0; b < a->n / 32; b++) {
+        const float *x = a->x + 32 * b;
+        float amax = 0.f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        float d = amax / 32767.f, id = d > 0.f ? 1.f / d : 0.f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) { int v = (int)lrintf(x[j] * id); a->q[32 * b + j] = (int16_t)v; sum += v; }
+        a->d[b] = d;
+        a->s[b] = d * (float)sum;
+    }
+}
+
+/* ---- one row's dot product ---------------------------------------------------------------- */
+#ifdef QD_AVX2
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+static float dot_dense(const QW *w, int r, const float *x) {
+    const int n = w->cols;
+    size_t o = (size_t)r * n;
+    int j = 0;
+    float acc = 0.f;
+#ifdef QD_AVX2
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    if (w->kind == K_F32) {
+        const float *p = (const float *)w->q + o;
+        for (; j + 16 <= n; j += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(p + j), _mm256_loadu_ps(x + j), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(p + j + 8), _mm256_loadu_ps(x + j + 8), a1);
+        }
+    } else if (w->kind == K_F16) {
+        const uint16_t *p = (const uint16_t *)w->q + o;
+        for (; j + 16 <= n; j += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + j))), _mm256_loadu_ps(x + j), a0);
+            a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + j + 8))),
+                                 _mm256_loadu_ps(x + j + 8), a1);
+        }
+    } else {
+        const uint16_t *p = (const uint16_t *)w->q + o;
+        for (; j + 8 <= n; j += 8) {
+            __m256i b = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + j))), 16);
+            a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(b), _mm256_loadu_ps(x + j), a0);
+        }
+    }
+    acc = hsum(_mm256_add_ps(a0, a1));
+#endif
+    for (; j < n; j++) {
+        float v = w->kind == K_F32 ? ((const float *)w->q)[o + j]
+                : w->kind == K_F16 ? h2f(((const uint16_t *)w->q)[o + j]) : bf2f(((const uint16_t *)w->q)[o + j]);
+        acc += v * x[j];
+    }
+    return acc;
+}
+
+static float dot_blocks(const QW *w, int r, const Act *a) {
+    const int nb = w->cols / 32, per = 32 / w->sub;   /* scales per 32-block: 1 or 2 */
+    const size_t sb = (size_t)r * nb * per;
+    float acc = 0.f, macc = 0.f;
+    if (w->min)
+        for (int b = 0; b < nb * per; b++) macc += ld_s(w->min, w->sdt, sb + b) * a->s[b / per] / per;
+#ifdef QD_AVX2
+    __m256 v = _mm256_setzero_ps();
+    if (w->kind == K_Q4) {
+        const uint8_t *q = (const uint8_t *)w->q + (size_t)r * nb * 16;
+        const __m128i m4 = _mm_set1_epi8(0x0f);
+        for (int b = 0; b < nb; b++) {
+            __m128i raw = _mm_loadu_si128((const __m128i *)(q + 16 * b));
+            __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));                     /* values 0..15 */
+            __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));  /* values 16..31 */
+            const __m256i *xq = (const __m256i *)(a->q + 32 * b);
+            __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256(xq)),
+                                         _mm256_madd_epi16(hi, _mm256_loadu_si256(xq + 1)));
+            __m256 s = _mm256_set1_ps(ld_s(w->scale, w->sdt, sb + b) * a->d[b]);
+            v = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), v);
+        }
+    } else {
+        const int8_t *q = (const int8_t *)w->q + (size_t)r * w->cols;
+        for (int b = 0; b < nb; b++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * b));
+            const __m256i *xq = (const __m256i *)(a->q + 32 * b);
+            __m256i p0 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(raw)), _mm256_loadu_si256(xq));
+            __m256i p1 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(raw, 1)),
+                                           _mm256_loadu_si256(xq + 1));
+            if (per == 1) {
+                __m256 s = _mm256_set1_ps(ld_s(w->scale, w->sdt, sb + b) * a->d[b]);
+                v = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), v);
+            } else {   /* a scale per 16 values (Q6_K) */
+                v = _mm256_fmadd_ps(_mm256_set1_ps(ld_s(w->scale, w->sdt, sb + 2 * b) * a->d[b]), _mm256_cvtepi32_ps(p0), v);
+                v = _mm256_fmadd_ps(_mm256_set1_ps(ld_s(w->scale, w->sdt, sb + 2 * b + 1) * a->d[b]), _mm256_cvtepi32_ps(p1), v);
+            }
+        }
+    }
+    acc = hsum(v);
+#else
+    for (int b = 0; b < nb * per; b++) {
+        int sum = 0, j0 = b * w->sub;
+        for (int j = j0; j < j0 + w->sub; j++) {
+            int wv = w->kind == K_Q4 ? (((const uint8_t *)w->q)[(size_t)r * nb * 16 + (j / 32) * 16 + (j % 16)]
+                                        >> ((j % 32) >= 16 ? 4 : 0)) & 15
+                                     : ((const int8_t *)w->q)[(size_t)r * w->cols + j];
+            sum += wv * a->q[j];
+        }
+        acc += ld_s(w->scale, w->sdt, sb + b) * a->d[b / per] * (float)sum;
+    }
+#endif
+    return acc + macc;
+}
+
+/* y[r] for rows [r0, r1) */
+static void gemv(const QW *w, const Act *a, float *y, int r0, int r1) {
+    if (w->kind >= K_Q8) for (int r = r0; r < r1; r++) y[r] = dot_blocks(w, r, a);
+    else for (int r = r0; r < r1; r++) y[r] = dot_dense(w, r, a->x);
+    if (w->bias) for (int r = r0; r < r1; r++) y[r] += w->bias[r];
+}
+
+/* One row as fp32: exact (s*q + m, one rounding, as the gguf package computes it). */
+static void dequant_row(const QW *w, int r, float *out) {
+    const int n = w->cols;
+    size_t o = (size_t)r * n;
+    if (w->kind == K_F32) { memcpy(out, (const float *)w->q + o, n * sizeof(float)); return; }
+    if (w->kind == K_F16) { for (int j = 0; j < n; j++) out[j] = h2f(((const uint16_t *)w->q)[o + j]); return; }
+    if (w->kind == K_BF16) { for (int j = 0; j < n; j++) out[j] = bf2f(((const uint16_t *)w->q)[o + j]); return; }
+    const size_t sb = o / w->sub;
+    for (int j = 0; j < n; j++) {
+        float q = w->kind == K_Q4 ? (float)((((const uint8_t *)w->q)[o / 2 + (j / 32) * 16 + (j % 16)] >> ((j % 32) >= 16 ? 4 : 0)) & 15)
+                                  : (float)((const int8_t *)w->q)[o + j];
+        float s = ld_s(w->scale, w->sdt, sb + j / w->sub);
+        out[j] = w->min ? s * q + ld_s(w->min, w->sdt, sb + j / w->sub) : s * q;
+    }
+}
+
+/* ---- small per-token pieces ----------------------------------------------------------------- */
+static void rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
+    float ss = 0.f;
+    for (int j = 0; j < n; j++) ss += x[j] * x[j];
+    float k = 1.f / sqrtf(ss / n + eps);
+    for (int j = 0; j < n; j++) y[j] = w[j] * (x[j] * k);
+}
+
+static void rope(float *v, int heads, int d, const float *c, const float *s) {
+    const int h2 = d / 2;
+    for (int h = 0; h < heads; h++) {
+        float *x = v + h * d;
+        for (int i = 0; i < h2; i++) {
+            float x1 = x[i], x2 = x[i + h2];
+            x[i] = x1 * c[i] - x2 * s[i];
+            x[i + h2] = x2 * c[i] + x1 * s[i];
+        }
+    }
+}
+
+static inline float act_fn(int act, float g) {
+    if (act == ACT_SILU) return g / (1.f + expf(-g));
+    return 0.5f * g * (1.f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+}
+
+/* ---- attention over one thread's share of the keys -------------------------------------------- */
+/* Partial softmax over keys [t0, t1): per query head its max m, sum l and unnormalised acc. */
+static void attn_part(const Model *m, const float *q, const uint16_t *kc, const uint16_t *vc, int t0, int t1,
+                      float *scores, float *pm, float *pl, float *pacc) {
+    const int hk = m->n_kv, d = m->head_dim, g = m->n_head / m->n_kv, nt = t1 - t0;
+    memset(pacc, 0, sizeof(float) * m->n_head * d);
+    for (int h = 0; h < m->n_head; h++) { pm[h] = -INFINITY; pl[h] = 0.f; }
+    if (nt <= 0) return;
+    for (int kv = 0; kv < hk; kv++) {
+        for (int t = 0; t < nt; t++) {
+            const uint16_t *k = kc + ((size_t)(t0 + t) * hk + kv) * d;
+            for (int i = 0; i < g; i++) {
+                const float *qh = q + (kv * g + i) * d;
+                float s = 0.f;
+                int j = 0;
+#ifdef QD_AVX2
+                __m256 a = _mm256_setzero_ps();
+                for (; j + 8 <= d; j += 8)
+                    a = _mm256_fmadd_ps(_mm256_loadu_ps(qh + j), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + j))), a);
+                s = hsum(a);
+#endif
+                for (; j < d; j++) s += qh[j] * h2f(k[j]);
+                scores[i * nt + t] = s * m->attn_scale;
+            }
+        }
+        for (int i = 0; i < g; i++) {
+            float *sc = scores + i * nt, mx = -INFINITY, l = 0.f;
+            for (int t = 0; t < nt; t++) mx = fmaxf(mx, sc[t]);
+            for (int t = 0; t < nt; t++) { sc[t] = expf(sc[t] - mx); l += sc[t]; }
+            pm[kv * g + i] = mx;
+            pl[kv * g + i] = l;
+        }
+        for (int t = 0; t < nt; t++) {
+            const uint16_t *v = vc + ((size_t)(t0 + t) * hk + kv) * d;
+            for (int i = 0; i < g; i++) {
+                float p = scores[i * nt + t], *acc = pacc + (kv * g + i) * d;
+                int j = 0;
+#ifdef QD_AVX2
+                __m256 pv = _mm256_set1_ps(p);
+                for (; j + 8 <= d; j += 8)
+                    _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(pv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + j))),
+                                                              _mm256_loadu_ps(acc + j)));
+#endif
+                for (; j < d; j++) acc[j] += p * h2f(v[j]);
+            }
+        }
+    }
+}
+
+/* ---- the context: scratch sized once per model ------------------------------------------------- */
+typedef struct {
+    Model m;
+    int nt;
+    float *qkv, *y, *h, *u;                           /* shared */
+    float *pq, *x, *xn, *att, *scores, *pm, *pl, *pacc;    /* per thread */
+    int16_t *xq; float *xd, *xs;                       /* per thread */
+    size_t wide;                                       /* the widest activation */
+} Ctx;
+
+void *qd_new(const Model *m) {
+    Ctx *c = calloc(1, sizeof(Ctx));
+    if (!c) return NULL;
+    c->m = *m;
+    c->nt = m->n_threads > 0 ? m->n_threads : 1;
+    size_t qd = (size_t)m->n_head * m->head_dim, w = (size_t)m->dim;
+    if ((size_t)m->hidden > w) w = m->hidden;
+    if (qd > w) w = qd;
+    c->wide = w;
+    size_t g = m->n_head / m->n_kv, nt = c->nt;
+    c->qkv = malloc(sizeof(float) * (qd + 2 * (size_t)m->n_kv * m->head_dim));
+    c->y = malloc(sizeof(float) * (m->vocab > (int)w ? (size_t)m->vocab : w));
+    c->h = malloc(sizeof(float) * w);
+    c->u = malloc(sizeof(float) * w);
+    c->pq = malloc(sizeof(float) * nt * (qd + 2 * (size_t)m->n_kv * m->head_dim));
+    c->x = malloc(sizeof(float) * nt * m->dim);
+    c->xn = malloc(sizeof(float) * nt * w);
+    c->att = malloc(sizeof(float) * nt * qd);
+    c->scores = malloc(sizeof(float) * nt * g * ((size_t)m->cap + 1));
+    c->pm = malloc(sizeof(float) * nt * m->n_head);
+    c->pl = malloc(sizeof(float) * nt * m->n_head);
+    c->pacc = malloc(sizeof(float) * nt * qd);
+    c->xq = malloc(sizeof(int16_t) * nt * w);
+    c->xd = malloc(sizeof(float) * nt * (w / 16 + 1));
+    c->xs = malloc(sizeof(float) * nt * (w / 16 + 1));
+    if (!c->u || !c->pq || !c->qkv || !c->y || !c->h || !c->x || !c->xn || !c->att || !c->scores || !c->pm || !c->pl || !c->pacc ||
+        !c->xq || !c->xd || !c->xs) return NULL;
+    return c;
+}
+
+void qd_free(void *p) {
+    Ctx *c = p;
+    if (!c) return;
+    free(c->pq); free(c->qkv); free(c->y); free(c->h); free(c->u); free(c->x); free(c->xn); free(c->att); free(c->scores);
+    free(c->pm); free(c->pl); free(c->pacc); free(c->xq); free(c->xd); free(c->xs); free(c);
+}
+
+static void split(int n, int tid, int nt, int *a, int *b) {
+    int per = ((n + nt - 1) / nt + 7) & ~7;   /* whole 8-row groups: no two threads share a cache line of y */
+    *a = tid * per < n ? tid * per : n;
+    *b = (tid + 1) * per < n ? (tid + 1) * per : n;
+}
+
+#ifdef _OPENMP
+#define BARRIER _Pragma("omp barrier")
+#else
+#define BARRIER
+#endif
+
+static void step_thread(Ctx *c, int tid, int nt, int tok, int pos, uint16_t *kbase, uint16_t *vbase, float *logits) {
+    const Model *m = &c->m;
+    const int dim = m->dim, d = m->head_dim, hq = m->n_head, hk = m->n_kv, qd = hq * d, kvd = hk * d;
+    float *x = c->x + (size_t)tid * dim, *xn = c->xn + (size_t)tid * c->wide, *att = c->att + (size_t)tid * qd;
+    Act a = {xn, c->xq + (size_t)tid * c->wide, c->xd + (size_t)tid * (c->wide / 16 + 1),
+             c->xs + (size_t)tid * (c->wide / 16 + 1), dim};
+    /* every thread keeps its own copy of the residual stream: the small vector work is done
+       twice instead of paying a barrier for it */
+    dequant_row(&m->embed, tok, x);
+    if (m->emb_scale != 1.f) for (int j = 0; j < dim; j++) x[j] *= m->emb_scale;
+    int r0, r1;
+    for (int l = 0; l < m->n_layers; l++) {
+        const Layer *L = m->layers + l;
+        uint16_t *kc = kbase + (size_t)l * m->cap * kvd, *vc = vbase + (size_t)l * m->cap * kvd;
+        rmsnorm(xn, x, L->attn_norm, dim, m->eps);
+        a.n = dim; quantize_act(&a);
+        const int rows = qd + 2 * kvd;   /* q, k and v rows as one range */
+        split(rows, tid, nt, &r0, &r1);
+        if (r0 < qd) gemv(&L->wq, &a, c->qkv, r0, r1 < qd ? r1 : qd);
+        if (r1 > qd && r0 < qd + kvd) gemv(&L->wk, &a, c->qkv + qd, (r0 > qd ? r0 : qd) - qd, (r1 < qd + kvd ? r1 : qd + kvd) - qd);
+        if (r1 > qd + kvd) gemv(&L->wv, &a, c->qkv + qd + kvd, (r0 > qd + kvd ? r0 : qd + kvd) - qd - kvd, r1 - qd - kvd);
+        BARRIER
+        /* each thread rotates its own copy of q and k: no barrier needed before attention. The
+           thread whose keys end at pos writes the new K/V; no other thread reads position pos. */
+        float *q = c->pq + (size_t)tid * (qd + 2 * kvd), *k = q + qd, *v = k + kvd;
+        memcpy(q, c->qkv, sizeof(float) * (qd + 2 * kvd));
+        if (L->q_norm) for (int h = 0; h < hq; h++) rmsnorm(q + h * d, q + h * d, L->q_norm, d, m->eps);
+        if (L->k_norm) for (int h = 0; h < hk; h++) rmsnorm(k + h * d, k + h * d, L->k_norm, d, m->eps);
+        rope(q, hq, d, L->cos + (size_t)pos * (d / 2), L->sin + (size_t)pos * (d / 2));
+        int start = L->window >= 0 && pos - L->window > 0 ? pos - L->window : 0, n = pos + 1 - start;
+        int per = (n + nt - 1) / nt, t0 = start + tid * per, t1 = t0 + per;
+        if (t0 > pos + 1) t0 = pos + 1;
+        if (t1 > pos + 1) t1 = pos + 1;
+        if (t0 <= pos && pos < t1) {
+            rope(k, hk, d, L->cos + (size_t)pos * (d / 2), L->sin + (size_t)pos * (d / 2));
+            for (int j = 0; j < kvd; j++) {
+                kc[(size_t)pos * kvd + j] = f2h(k[j]);
+                vc[(size_t)pos * kvd + j] = f2h(v[j]);
+            }
+        }
+        attn_part(m, q, kc, vc, t0, t1, c->scores + (size_t)tid * (hq / hk) * ((size_t)m->cap + 1),
+                  c->pm + tid * hq, c->pl + tid * hq, c->pacc + (size_t)tid * qd);
+        BARRIER
+        for (int h = 0; h < hq; h++) {   /* merge the threads' partial softmaxes */
+            float mx = -INFINITY, l2 = 0.f;
+            for (int t = 0; t < nt; t++) mx = fmaxf(mx, c->pm[t * hq + h]);
+            for (int j = 0; j < d; j++) att[h * d + j] = 0.f;
+            for (int t = 0; t < nt; t++) {
+                if (c->pl[t * hq + h] == 0.f) continue;
+                float f = expf(c->pm[t * hq + h] - mx);
+                l2 += f * c->pl[t * hq + h];
+                const float *pa = c->pacc + (size_t)t * qd + h * d;
+                for (int j = 0; j < d; j++) att[h * d + j] += f * pa[j];
+            }
+            for (int j = 0; j < d; j++) att[h * d + j] /= l2;
+        }
+        a.x = att; a.n = qd; quantize_act(&a);
+        split(dim, tid, nt, &r0, &r1);
+        gemv(&L->wo, &a, c->y, r0, r1);
+        a.x = xn;
+        BARRIER
+        if (L->post_attn_norm) { rmsnorm(xn, c->y, L->post_attn_norm, dim, m->eps); for (int j = 0; j < dim; j++) x[j] += xn[j]; }
+        else for (int j = 0; j < dim; j++) x[j] += c->y[j];
+        rmsnorm(xn, x, L->ffn_norm, dim, m->eps);
+        a.n = dim; quantize_act(&a);
+        split(m->hidden, tid, nt, &r0, &r1);
+        gemv(&L->wg, &a, c->h, r0, r1);
+        gemv(&L->wu, &a, c->u, r0, r1);   /* not y: other threads may still be adding y to x */
+        for (int r = r0; r < r1; r++) c->h[r] = act_fn(m->act, c->h[r]) * c->u[r];
+        BARRIER
+        for (int j = 0; j < m->hidden; j++) xn[j] = c->h[j];
+        a.n = m->hidden; quantize_act(&a);
+        split(dim, tid, nt, &r0, &r1);
+        gemv(&L->wd, &a, c->y, r0, r1);
+        BARRIER
+        if (L->post_ffn_norm) { rmsnorm(xn, c->y, L->post_ffn_norm, dim, m->eps); for (int j = 0; j < dim; j++) x[j] += xn[j]; }
+        else for (int j = 0; j < dim; j++) x[j] += c->y[j];
+    }
+    rmsnorm(xn, x, m->final_norm, dim, m->eps);
+    a.n = dim; quantize_act(&a);
+    split(m->vocab, tid, nt, &r0, &r1);
+    gemv(&m->lm_head, &a, logits, r0, r1);
+    if (m->final_softcap > 0.f)
+        for (int r = r0; r < r1; r++) logits[r] = m->final_softcap * tanhf(logits[r] / m->final_softcap);
+}
+
+/* The token `tok` at position `pos`: its K/V land in the cache at pos, its logits in `logits`. */
+int qd_step(void *p, int tok, int pos, uint16_t *kbase, uint16_t *vbase, float *logits) {
+    Ctx *c = p;
+    if (!c || tok < 0 || tok >= c->m.vocab || pos < 0 || pos >= c->m.cap) return -1;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(c->nt)
+    {
+        int nt = omp_get_num_threads();
+        if (nt <= c->nt) step_thread(c, omp_get_thread_num(), nt, tok, pos, kbase, vbase, logits);
+    }
+#else
+    step_thread(c, 0, 1, tok, pos, kbase, vbase, logits);
+#endif
+    return 0;
+}
+
+/* ---- for the prefill and the tests ---------------------------------------------------------------- */
+void qd_dequant(const QW *w, float *out, int n_threads) {
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+#endif
+    for (int r = 0; r < w->rows; r++) dequant_row(w, r, out + (size_t)r * w->cols);
+}
+
+/* y = W x for one vector, through the same kernels as the step (activations quantized). */
+void qd_gemv(const QW *w, const float *x, float *y, int n_threads) {
+    int n = w->cols;
+    int16_t *q = malloc(sizeof(int16_t) * (n + 32));
+    float *d = malloc(sizeof(float) * (n / 32 + 1)), *s = malloc(sizeof(float) * (n / 32 + 1));
+    Act a = {x, q, d, s, n};
+    if (w->kind >= K_Q8) quantize_act(&a);
+#ifdef _OPENMP
+#pragma omp parallel num_threads(n_threads)
+    {
+        int r0, r1;
+        split(w->rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+        gemv(w, &a, y, r0, r1);
+    }
+#else
+    gemv(w, &a, y, 0, w->rows);
+#endif
+    free(q); free(d); free(s);
+}
+
+int qd_simd(void) {
+#ifdef QD_AVX2
+    return 1;
+#else
+    return 0;
+#endif
+}

@@ -1,0 +1,103 @@
+"""Linear layers and embeddings that keep a GGUF's weights as the file holds them.
+
+A `QLinear` holds one weight matrix in a block format (model/quant/blocks.py) or dense
+f32/f16/bf16, memory-mapped from the converted model directory. The decode step on the
+CPU (model/kernels/cpu/) reads these buffers directly. In PyTorch, a prefill dequantizes
+each matrix to fp32 when it is used (exact: the file's own values) and runs one GEMM; a
+single row (the last position's logits) goes through the same int8-activation kernel as
+the decode step, so the tied 49k-row head is never expanded.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.kernels.cpu import native
+from model.quant.blocks import Q4, Q8, dequantize
+
+DENSE = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+KIND_CODE = {"f32": 0, "f16": 1, "bf16": 2, Q8: 3, Q4: 4}
+
+
+class QLinear(nn.Module):
+    def __init__(self, kind: str, q: torch.Tensor, scale: torch.Tensor | None = None,
+                 mn: torch.Tensor | None = None, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.kind = kind
+        self.register_buffer("q", q, persistent=False)
+        self.register_buffer("scale", scale, persistent=False)
+        self.register_buffer("min", mn, persistent=False)
+        self.register_buffer("bias", None if bias is None else bias.float().contiguous(), persistent=False)
+        rows, n = q.shape
+        self.out_features, self.in_features = rows, n * 2 if kind == Q4 else n
+        self._qw: native.QW | None = None
+
+    def set_bias(self, bias: torch.Tensor) -> None:
+        self.register_buffer("bias", bias.detach().float().contiguous(), persistent=False)
+        self._qw = None
+
+    @classmethod
+    def dense(cls, w: torch.Tensor, bias: torch.Tensor | None = None) -> QLinear:
+        return cls(DENSE[w.dtype], w.contiguous(), bias=bias)
+
+    @property
+    def blocks(self) -> bool:
+        return self.kind in (Q4, Q8)
+
+    def nbytes(self) -> int:
+        """Bytes a token's matmul reads."""
+        return sum(t.numel() * t.element_size() for t in (self.q, self.scale, self.min, self.bias) if t is not None)
+
+    def qw(self) -> native.QW:
+        """The C view of this weight (pointers into the buffers, which never move)."""
+        if self._qw is None:
+            sub = self.in_features // self.scale.shape[1] if self.blocks else 0
+            sdt = int(self.scale is not None and self.scale.dtype == torch.float32)
+            ptrs = [t.data_ptr() if t is not None else None for t in (self.q, self.scale, self.min, self.bias)]
+            self._qw = native.QW(KIND_CODE[self.kind], sdt, self.out_features, self.in_features, sub, 0, *ptrs)
+        return self._qw
+
+    def weight_fp32(self) -> torch.Tensor:
+        """The file's weights as fp32, exactly."""
+        lib = native.library()
+        if lib is not None:
+            out = torch.empty(self.out_features, self.in_features)
+            lib.qd_dequant(self.qw(), out.data_ptr(), torch.get_num_threads())
+            return out
+        return self.rows(None)
+
+    def rows(self, idx: torch.Tensor | None) -> torch.Tensor:
+        """fp32 rows `idx` (all rows for None), in PyTorch: the embedding lookup."""
+        if not self.blocks:
+            return (self.q if idx is None else self.q[idx]).float()
+        if idx is None:
+            return dequantize(self.kind, self.q, self.scale, self.min)
+        flat = idx.reshape(-1)
+        out = dequantize(self.kind, self.q[flat], self.scale[flat], None if self.min is None else self.min[flat])
+        return out.reshape(*idx.shape, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lib = native.library()
+        if lib is not None and x.numel() == self.in_features and x.dtype == torch.float32:
+            xc = x.reshape(-1).contiguous()
+            y = torch.empty(self.out_features)
+            lib.qd_gemv(self.qw(), xc.data_ptr(), y.data_ptr(), torch.get_num_threads())
+            return y.reshape(*x.shape[:-1], self.out_features)
+        return F.linear(x.float(), self.weight_fp32(), self.bias)
+
+
+class QEmbedding(nn.Module):
+    """Token embeddings read from a QLinear's rows (shared with the head when tied)."""
+
+    def __init__(self, table: QLinear):
+        super().__init__()
+        self.table = table
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.table.in_features
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.table.rows(idx)
