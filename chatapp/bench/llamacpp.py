@@ -61,7 +61,7 @@ def run_peer(binary: str, gguf: str, threads: int, pp: int, tg: int, depth: int,
     """Both invocations; {"tests": [...], "peak_rss_bytes", "commands"} or {"skipped": why}."""
     base = [binary, "-m", gguf, "-t", str(threads), "-r", str(reps), "-o", "json"]
     runs = [[*base, "-p", str(pp), "-n", str(tg), "-d", "0"], [*base, "-p", "0", "-n", str(tg), "-d", str(depth)]]
-    tests, peak, seconds = [], 0, 0.0
+    tests, peak, seconds = [], None, 0.0
     for cmd in runs:
         r = run_measured(cmd, timeout)
         if r["rc"] != 0:
@@ -72,5 +72,6 @@ def run_peer(binary: str, gguf: str, threads: int, pp: int, tg: int, depth: int,
             tests += parse_tests(r["stdout"])
         except (ValueError, KeyError, TypeError) as e:
             return {"skipped": f"llama-bench's output did not parse: {e}"[:300]}
-        peak, seconds = max(peak, r["peak_rss_bytes"]), seconds + r["seconds"]
+        peak = max((v for v in (peak, r["peak_rss_bytes"]) if v is not None), default=None)  # None: no /proc
+        seconds += r["seconds"]
     return {"tests": tests, "peak_rss_bytes": peak, "seconds": seconds, "commands": [" ".join(c) for c in runs]}
