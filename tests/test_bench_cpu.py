@@ -116,3 +116,5 @@ def test_cpu_peer_bench_without_a_peer_still_ends_in_json(capsys, monkeypatch):
     assert hl["ready_s"] > 0 and hl["context"] == 2048 and hl["rss_after_turn_bytes"] > 0
     assert hl["peak_rss_bytes"] >= hl["rss_after_turn_bytes"]
     assert cp["disk"]["ours_bytes"] is None and cp["disk"]["gguf_bytes"] is None
+    assert cp["targets"]["prefill"] == {"target": ">= 3.0", "value": None, "met": None}
+    assert cp["targets"]["rss_mb"]["value"] == hl["rss_after_turn_bytes"] / 1e6

@@ -30,6 +30,9 @@ from model.loading import LoadedModel
 from model.loading.gguf import converted_dir
 
 SHORT_PROMPT = 8  # tokens in the cache before the short-context decode starts
+# issue 13's targets: ratios ours / llama.cpp are at least these; RSS (MB) and disk (x GGUF) at most
+TARGETS = {"decode_short": (">=", 1.0), "decode_deep": (">=", 1.5), "prefill": (">=", 3.0),
+           "rss_mb": ("<=", 600.0), "disk_ratio": ("<=", 1.25)}
 
 
 def sources(spec: str, gguf: str | None) -> tuple[str, Path | None, Path | None]:
@@ -86,7 +89,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def cpu_peer(lm: LoadedModel, spec: str, gguf: str | None, llama_bench: str | None, threads: int,
              pp: int, tg: int, depth: int, reps: int, headless: bool = True) -> dict:
     torch.set_num_threads(threads)
-    depth = min(depth, lm.context_length - tg - 2)
+    depth, pp = min(depth, lm.context_length - tg - 2), min(pp, lm.context_length - 2)
     chat_spec, gguf_path, on_disk = sources(spec, gguf)
     res: dict = {"threads": threads, "pp": pp, "tg": tg, "depth": depth, "reps": reps, "gguf": str(gguf_path or "")}
     bw = read_bandwidth()
@@ -110,7 +113,20 @@ def cpu_peer(lm: LoadedModel, spec: str, gguf: str | None, llama_bench: str | No
     res["disk"] = {"ours_bytes": dir_bytes(on_disk) if on_disk and on_disk.exists() else None,
                    "ours_path": str(on_disk or ""), "gguf_bytes": gguf_path.stat().st_size if gguf_path else None}
     res["disk"]["ratio"] = ratio(res["disk"]["ours_bytes"], res["disk"]["gguf_bytes"])
+    res["targets"] = targets(res)
     return res
+
+
+def targets(res: dict) -> dict:
+    """Each target with the value it is judged on and whether it is met (None: not measured)."""
+    rss = res.get("headless", {}).get("rss_after_turn_bytes")
+    values = {**res["ratios"], "rss_mb": rss / 1e6 if rss else None, "disk_ratio": res["disk"]["ratio"]}
+    out = {}
+    for key, (op, bound) in TARGETS.items():
+        v = values[key]
+        out[key] = {"target": f"{op} {bound}", "value": v,
+                    "met": None if v is None else (v >= bound if op == ">=" else v <= bound)}
+    return out
 
 
 def _f(v, fmt: str = "{:,.1f}") -> str:
@@ -144,20 +160,25 @@ def print_cpu_peer(model: str, note: str, res: dict) -> None:
         r = pick(peer.get("tests", []), kind, n, depth)
         return rate(r) if r else "-"
 
+    def goal(key: str, text: str) -> str:
+        met = res["targets"][key]["met"]
+        return text + ("" if met is None else ": met" if met else ": missed")
+
     hl, disk = res.get("headless", {}), res["disk"]
     rss, peer_rss = hl.get("rss_after_turn_bytes"), peer.get("peak_rss_bytes")
     lines = [
         ("metric", "ours", "llama.cpp", "ours/llama.cpp", "target"),
         (f"decode tok/s, tg{tg} from {SHORT_PROMPT} (llama.cpp: 0)", rate(o["decode_short"]),
-         peer_rate("tg", tg, 0), _x(res["ratios"]["decode_short"]), ">= 1.0x"),
+         peer_rate("tg", tg, 0), _x(res["ratios"]["decode_short"]), goal("decode_short", ">= 1.0x")),
         (f"decode tok/s, tg{tg} at depth {res['depth']}", rate(o["decode_deep"]),
-         peer_rate("tg", tg, res["depth"]), _x(res["ratios"]["decode_deep"]), ">= 1.5x"),
+         peer_rate("tg", tg, res["depth"]), _x(res["ratios"]["decode_deep"]), goal("decode_deep", ">= 1.5x")),
         (f"prefill tok/s, pp{pp}", rate(o["prefill"]), peer_rate("pp", pp, 0),
-         _x(res["ratios"]["prefill"]), ">= 3x"),
+         _x(res["ratios"]["prefill"]), goal("prefill", ">= 3x")),
         (f"RSS after one turn (ours: headless, context {hl.get('context', '-')}; llama.cpp: llama-bench peak)",
-         f"{_mb(rss)} (peak {_mb(hl.get('peak_rss_bytes'))})", _mb(peer_rss), _x(ratio(rss, peer_rss)), "<= 600 MB"),
+         f"{_mb(rss)} (peak {_mb(hl.get('peak_rss_bytes'))})", _mb(peer_rss), _x(ratio(rss, peer_rss)),
+         goal("rss_mb", "<= 600 MB")),
         ("size on disk (ours: converted; llama.cpp: the GGUF)", _mb(disk["ours_bytes"]), _mb(disk["gguf_bytes"]),
-         _x(disk["ratio"]), "<= 1.25x"),
+         _x(disk["ratio"]), goal("disk_ratio", "<= 1.25x")),
         ("load to ready, warm (ours: headless spawn to the ready line)", _f(hl.get("ready_s"), "{:.2f} s"), "-", "-",
          ""),
     ]
