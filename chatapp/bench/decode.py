@@ -16,14 +16,26 @@ from model.generate import Generator
 from model.sampling import SamplingConfig
 
 
+def is_linear_like(mod: torch.nn.Module) -> bool:
+    """nn.Linear, or any module that declares `in_features` and `out_features` as nn.Linear does
+    (a quantized linear holding packed weights and scales as buffers)."""
+    return isinstance(mod, torch.nn.Linear) or (hasattr(mod, "in_features") and hasattr(mod, "out_features"))
+
+
 def weight_bytes_per_token(model: torch.nn.Module) -> int:
-    """Every Linear weight is read once a token; embedding tables are gathered a row at a time
-    and don't count (a tied output head counts once, as the Linear it also is)."""
+    """Bytes a decode token reads from the model: every parameter and buffer held directly by a
+    linear-like module, as stored (so int4/int8 weights and their scales count at their real
+    size). Embedding tables are gathered a row at a time and don't count; a tensor shared by two
+    modules (a tied output head) counts once."""
     seen, total = set(), 0
     for mod in model.modules():
-        if isinstance(mod, torch.nn.Linear) and mod.weight.data_ptr() not in seen:
-            seen.add(mod.weight.data_ptr())
-            total += mod.weight.numel() * mod.weight.element_size()
+        if not is_linear_like(mod):
+            continue
+        for t in [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]:
+            if t is None or t.data_ptr() in seen:
+                continue
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
     return total
 
 
@@ -46,6 +58,19 @@ def peak_bandwidth(device: torch.device, nbytes: int = 1 << 30, reps: int = 20) 
         _sync(device)
         times.append(time.perf_counter() - t)
     return 2 * nbytes / statistics.median(times[2:])
+
+
+def read_bandwidth(nbytes: int = 1 << 30, reps: int = 5) -> float:
+    """Bytes/s of reading a large CPU tensor (`torch.sum`, on torch's current threads): the
+    ceiling for a decode step, which reads its weights once and writes almost nothing. The
+    tensor is far beyond any cache, so this is the memory's rate."""
+    src = torch.ones(nbytes // 4)
+    times = []
+    for _ in range(reps + 1):
+        t = time.perf_counter()
+        src.sum()
+        times.append(time.perf_counter() - t)
+    return nbytes / statistics.median(times[1:])
 
 
 def _sync(device: torch.device) -> None:

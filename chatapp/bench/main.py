@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from chatapp.bench.cpu import cpu_peer, print_cpu_peer
 from chatapp.bench.decode import decode_at, peak_bandwidth, weight_bytes_per_token, with_mbu
+from chatapp.bench.llamacpp import ENV
 from chatapp.bench.longchat import long_chat, print_long_chat
 from chatapp.bench.models import resolve
 from chatapp.bench.peer import hf_static_decode
@@ -51,6 +53,13 @@ class BenchArgs:
     long_chat: bool = False
     context: int = 2048
     old_turns: int = 200
+    cpu_peer: bool = False
+    llama_bench: str | None = None
+    threads: int = 0
+    peer_reps: int = 3
+    pp: int = 512
+    tg: int = 64
+    depth: int = 1500
 
 
 def positive(text: str) -> int:
@@ -97,13 +106,26 @@ def parse(argv: list[str]) -> BenchArgs:
                    "policy (chatapp.bench.longchat; default model 'default', 16-token replies)")
     p.add_argument("--context", type=positive, default=2048, help="--long-chat: the cache capacity (default 2048)")
     p.add_argument("--old-turns", type=positive, help="--long-chat: turns for the old policy (default: --turns)")
+    p.add_argument("--cpu-peer", action="store_true", help="only ours against llama.cpp's llama-bench on the CPU: "
+                   "same GGUF, threads and contexts (chatapp.bench.cpu; default model 'default')")
+    p.add_argument("--llama-bench", help=f"--cpu-peer: the llama-bench binary (default: ${ENV}; none: peer skipped)")
+    p.add_argument("--threads", type=positive, help="--cpu-peer: threads for both (default: torch's current count)")
+    p.add_argument("--peer-reps", type=positive, default=3, help="--cpu-peer: repetitions of each test (default 3)")
+    p.add_argument("--pp", type=positive, default=512, help="--cpu-peer: prefill test tokens (default 512)")
+    p.add_argument("--tg", type=positive, default=64, help="--cpu-peer: decode test tokens (default 64)")
+    p.add_argument("--depth", type=positive, default=1500, help="--cpu-peer: the deep decode's depth (default 1500)")
     a = p.parse_args(argv)
+    if a.cpu_peer and a.long_chat:
+        p.error("--cpu-peer and --long-chat are separate runs")
     device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     check_device(device, a.attn)
     gpu = device.startswith("cuda")
     dtype = a.dtype if a.dtype != "auto" else ("bfloat16" if gpu else "float32")
     quick = a.quick
-    models = a.models or ("default" if a.long_chat else GPU_MODELS if gpu else "random:smollm2-135m").split(",")
+    if a.cpu_peer and gpu:
+        raise UserError("--cpu-peer compares against llama.cpp's CPU build: run it with --device cpu")
+    fallback = "default" if a.long_chat or a.cpu_peer else GPU_MODELS if gpu else "random:smollm2-135m"
+    models = a.models or fallback.split(",")
     turns = a.turns or (200 if a.long_chat else 20)
     contexts = a.contexts or ([64, 256] if quick else [512, 2048, 8192] if gpu else [128, 512])
     return BenchArgs(
@@ -113,7 +135,9 @@ def parse(argv: list[str]) -> BenchArgs:
         decode_tokens=a.decode_tokens or (8 if quick else 256 if gpu else 16),
         eager_tokens=8 if quick or not gpu else 32, peer=not a.no_peer, variants=gpu and not a.no_variants,
         profile=gpu and not a.no_profile, ttft_reps=a.ttft_reps or (3 if gpu else 1),
-        resume=a.resume, long_chat=a.long_chat, context=a.context, old_turns=a.old_turns or turns)
+        resume=a.resume, long_chat=a.long_chat, context=a.context, old_turns=a.old_turns or turns,
+        cpu_peer=a.cpu_peer, llama_bench=a.llama_bench, threads=a.threads or torch.get_num_threads(),
+        peer_reps=a.peer_reps, pp=a.pp, tg=a.tg, depth=a.depth)
 
 
 def capacity_for(lm, args: BenchArgs) -> int:
@@ -208,6 +232,12 @@ def long_chat_model(spec: str, args: BenchArgs) -> dict:
     return {"model": lm.name, "spec": spec, "note": note, "device": args.device, "long_chat": res}
 
 
+def cpu_peer_model(spec: str, args: BenchArgs) -> dict:
+    lm, note = resolve(spec, LoadOptions(device=args.device, dtype=args.dtype, attn=args.attn), args.gguf)
+    res = cpu_peer(lm, spec, args.gguf, args.llama_bench, args.threads, args.pp, args.tg, args.depth, args.peer_reps)
+    return {"model": lm.name, "spec": spec, "note": note, "device": args.device, "cpu_peer": res}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     device = torch.device(args.device)
@@ -216,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"nanochat-tui bench on {name}: copy bandwidth {peak / 1e9:.0f} GB/s (read + write)")
     results = []
     for spec in args.models:
-        if args.long_chat:
+        if args.cpu_peer:
+            res = cpu_peer_model(spec, args)
+            print_cpu_peer(res["model"], res["note"], res["cpu_peer"])
+        elif args.long_chat:
             res = long_chat_model(spec, args)
             print_long_chat(res["model"], res["note"], res["long_chat"])
         else:

@@ -1,0 +1,120 @@
+"""`nanochat-tui bench --cpu-peer`: llama-bench's JSON parsed from real output, the peer runner,
+the bytes a token reads, and a whole run without a peer on a tiny model (seconds, no timings)."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+
+from chatapp.bench.decode import weight_bytes_per_token
+from chatapp.bench.llamacpp import ENV, find_binary, parse_tests, pick, run_peer
+from chatapp.bench.main import main
+
+DATA = Path(__file__).parent / "data" / "llama_bench"
+
+
+def test_parses_real_llama_bench_json():
+    """Two real outputs of llama-bench -o json (SmolLM2 Q4_1, 2 threads, -r 2): pp32 and tg8 from
+    depth 0, then tg8 at depth 64 (-p 0)."""
+    rows = parse_tests((DATA / "pp32_tg8_d0.json").read_text()) + parse_tests((DATA / "tg8_d64.json").read_text())
+    assert [(r["test"], r["kind"], r["tokens"], r["depth"]) for r in rows] == [
+        ("pp32", "pp", 32, 0), ("tg8", "tg", 8, 0), ("tg8", "tg", 8, 64)]
+    raw = json.loads((DATA / "pp32_tg8_d0.json").read_text())
+    assert rows[0]["tok_s"] == raw[0]["avg_ts"] and rows[0]["stddev_tok_s"] == raw[0]["stddev_ts"]
+    assert all(r["threads"] == 2 and r["reps"] == 2 and r["tok_s"] > 0 for r in rows)
+    assert rows[0]["model_type"] == "llama 256M Q4_1"
+    assert pick(rows, "tg", 8, 64) is rows[2] and pick(rows, "tg", 8, 1500) is None
+
+
+def test_parser_skips_a_preamble_and_refuses_no_array():
+    text = (DATA / "tg8_d64.json").read_text()
+    assert parse_tests("build: 1 (abc)\n" + text)[0]["depth"] == 64
+    with pytest.raises(ValueError):
+        parse_tests("error: failed to load model\n")
+
+
+def test_find_binary(monkeypatch, tmp_path):
+    monkeypatch.delenv(ENV, raising=False)
+    assert find_binary(None)[0] is None and "--llama-bench" in find_binary(None)[1]
+    not_exec = tmp_path / "llama-bench"
+    not_exec.write_text("")
+    assert find_binary(str(not_exec)) == (None, f"{not_exec} is not an executable file")
+    not_exec.chmod(not_exec.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv(ENV, str(not_exec))
+    assert find_binary(None) == (str(not_exec), "")
+
+
+def fake_llama_bench(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "llama-bench"
+    script.write_text("#!/bin/sh\n" + body)
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_run_peer_joins_both_invocations(tmp_path):
+    """A stand-in that prints the real samples: -d 0 gets pp+tg, the other call tg at depth."""
+    fake = fake_llama_bench(tmp_path, f'case "$*" in *"-d 0"*) cat {DATA}/pp32_tg8_d0.json ;; '
+                                      f'*) cat {DATA}/tg8_d64.json ;; esac\n')
+    res = run_peer(fake, "model.gguf", 2, 32, 8, 64, 2)
+    assert [(t["kind"], t["depth"]) for t in res["tests"]] == [("pp", 0), ("tg", 0), ("tg", 64)]
+    assert res["commands"][0].endswith("-p 32 -n 8 -d 0") and res["commands"][1].endswith("-p 0 -n 8 -d 64")
+    assert "-t 2" in res["commands"][0] and "-m model.gguf" in res["commands"][0]
+    assert res["peak_rss_bytes"] is None or res["peak_rss_bytes"] > 0
+
+
+def test_a_failing_peer_is_skipped_with_its_last_line(tmp_path):
+    fake = fake_llama_bench(tmp_path, 'echo "loading" >&2; echo "error: failed to load model" >&2; exit 1\n')
+    res = run_peer(fake, "model.gguf", 2, 32, 8, 64, 2)
+    assert res["skipped"] == "llama-bench failed: error: failed to load model"
+
+
+class PackedLinear(torch.nn.Module):
+    """What a quantized linear looks like to the bench: int8 codes and fp32 scales as buffers."""
+
+    def __init__(self, n_in: int, n_out: int):
+        super().__init__()
+        self.in_features, self.out_features = n_in, n_out
+        self.register_buffer("codes", torch.zeros(n_out, n_in, dtype=torch.int8))
+        self.register_buffer("scales", torch.ones(n_out))
+
+
+def test_weight_bytes_count_buffers_of_quantized_linears_and_tied_heads_once():
+    model = torch.nn.Module()
+    model.embed = torch.nn.Embedding(100, 16)
+    model.q = PackedLinear(16, 32)
+    model.o = torch.nn.Linear(32, 16, bias=True)
+    model.head = torch.nn.Linear(16, 100, bias=False)
+    model.head.weight = model.embed.weight  # tied: counted once, as the head
+    model.head2 = torch.nn.Linear(16, 100, bias=False)
+    model.head2.weight = model.embed.weight
+    assert weight_bytes_per_token(model) == (32 * 16 + 32 * 4) + (32 * 16 * 4 + 16 * 4) + 100 * 16 * 4
+
+
+def test_cpu_peer_bench_without_a_peer_still_ends_in_json(capsys, monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    assert main(["--cpu-peer", "--device", "cpu", "--models", "random:tiny", "--pp", "16", "--tg", "4",
+                 "--depth", "32", "--peer-reps", "1", "--threads", "1"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert any(line.startswith("peer skipped: no llama-bench given") for line in out[:-1])
+    assert any(line.startswith("metric") for line in out[:-1])
+    doc = json.loads(out[-1])
+    (res,) = doc["models"]
+    cp = res["cpu_peer"]
+    assert cp["threads"] == 1 and cp["depth"] == 32 and cp["pp"] == 16 and cp["tg"] == 4
+    assert cp["llama_cpp"]["skipped"].startswith("no llama-bench given")
+    assert cp["ratios"] == {"decode_short": None, "decode_deep": None, "prefill": None}
+    for key in ("decode_short", "decode_deep", "prefill"):
+        assert cp["ours"][key]["tok_s"] > 0 and len(cp["ours"][key]["samples_tok_s"]) == 1
+    assert cp["ours"]["decode_deep"]["bytes_per_token"] > cp["ours"]["decode_short"]["bytes_per_token"]
+    assert cp["read_bandwidth_gbs"] > 0 and cp["ours"]["decode_short"]["ceiling_tok_s"] > 0
+    hl = cp["headless"]
+    assert "skipped" not in hl, hl
+    assert hl["ready_s"] > 0 and hl["context"] == 2048 and hl["rss_after_turn_bytes"] > 0
+    assert hl["peak_rss_bytes"] >= hl["rss_after_turn_bytes"]
+    assert cp["disk"]["ours_bytes"] is None and cp["disk"]["gguf_bytes"] is None
+    assert cp["targets"]["prefill"] == {"target": ">= 3.0", "value": None, "met": None}
+    assert cp["targets"]["rss_mb"]["value"] == hl["rss_after_turn_bytes"] / 1e6
