@@ -78,8 +78,9 @@ def ours(lm: LoadedModel, pp: int, tg: int, depth: int, reps: int) -> dict:
             "decode_deep": {"depth": depth, **_spread(deep),
                             "bytes_per_token": weights + kv_bytes_read(cache, depth + tg // 2)},
             "prefill": {"tokens": pp, **_spread(prefill)}, "weight_bytes_per_token": weights,
-            "kv_bytes_per_token": kv_bytes_read(cache, 1), "engine": "eager" if gen.graphs is None else gen.graphs.name,
-            "backend": lm.model.attn.name}
+            "kv_bytes_per_token": kv_bytes_read(cache, 1),
+            "engine": gen.graphs.name if gen.graphs else "c-step" if gen.cpu_step else "eager",
+            "backend": "qdecode.c" if gen.cpu_step else lm.model.attn.name}
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

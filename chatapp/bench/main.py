@@ -28,6 +28,7 @@ from chatapp.launch import check_device
 from model.errors import UserError
 from model.generate import Generator
 from model.graph_config import GraphConfig
+from model.kernels.cpu import native
 from model.loading import LoadOptions
 
 GPU_MODELS = "default,random:d20,random:d32,random-nanochat:d20"
@@ -38,6 +39,7 @@ class BenchArgs:
     models: list[str]
     device: str
     dtype: torch.dtype
+    quantized: bool
     attn: str
     gguf: str | None
     turns: int
@@ -121,6 +123,7 @@ def parse(argv: list[str]) -> BenchArgs:
     check_device(device, a.attn)
     gpu = device.startswith("cuda")
     dtype = a.dtype if a.dtype != "auto" else ("bfloat16" if gpu else "float32")
+    quantized = a.dtype == "auto" and not gpu and native.library() is not None   # as the app runs
     quick = a.quick
     if a.cpu_peer and gpu:
         raise UserError("--cpu-peer compares against llama.cpp's CPU build: run it with --device cpu")
@@ -129,7 +132,7 @@ def parse(argv: list[str]) -> BenchArgs:
     turns = a.turns or (200 if a.long_chat else 20)
     contexts = a.contexts or ([64, 256] if quick else [512, 2048, 8192] if gpu else [128, 512])
     return BenchArgs(
-        models=models, device=device, dtype=getattr(torch, dtype), attn=a.attn, gguf=a.gguf,
+        models=models, device=device, dtype=getattr(torch, dtype), quantized=quantized, attn=a.attn, gguf=a.gguf,
         turns=turns, reply_tokens=a.reply_tokens or (16 if a.long_chat else 4 if quick else 256 if gpu else 8),
         contexts=contexts,
         decode_tokens=a.decode_tokens or (8 if quick else 256 if gpu else 16),
@@ -191,9 +194,12 @@ def resume_figures(lm, args: BenchArgs) -> dict:
         return {"skipped": f"{type(e).__name__}: {e}"[:300]}
 
 
+def load_options(args: BenchArgs) -> LoadOptions:
+    return LoadOptions(device=args.device, dtype=args.dtype, attn=args.attn, quantized=args.quantized)
+
+
 def bench_model(spec: str, args: BenchArgs, peak: float) -> dict:
-    opts = LoadOptions(device=args.device, dtype=args.dtype, attn=args.attn)
-    lm, note = resolve(spec, opts, args.gguf)
+    lm, note = resolve(spec, load_options(args), args.gguf)
     if (need := script_tokens(lm, args.turns, args.reply_tokens) + 8) > lm.context_length:
         raise UserError(f"{args.turns} turns of {args.reply_tokens}-token replies need {need} tokens; "
                         f"{lm.name} holds {lm.context_length} (lower --turns or --reply-tokens)")
@@ -201,7 +207,7 @@ def bench_model(spec: str, args: BenchArgs, peak: float) -> dict:
     gen = Generator(lm.model, cache, lm.tokenizer.vocab_size)
     res = {"model": lm.name, "spec": spec, "note": note, "device": str(cache.device),
            "dtype": str(cache.dtype).removeprefix("torch."), "capacity": cache.capacity,
-           "decode_engine": gen.graphs.name if gen.graphs is not None else "eager",
+           "decode_engine": gen.graphs.name if gen.graphs is not None else "c-step" if gen.cpu_step else "eager",
            "weight_bytes_per_token": weight_bytes_per_token(lm.model)}
     res["multiturn"] = multiturn(lm, gen, args.turns, args.reply_tokens, args.ttft_reps)
     res["decode"] = decode_rows(gen, lm, args, peak, args.decode_tokens)
@@ -227,13 +233,13 @@ def bench_model(spec: str, args: BenchArgs, peak: float) -> dict:
 
 
 def long_chat_model(spec: str, args: BenchArgs) -> dict:
-    lm, note = resolve(spec, LoadOptions(device=args.device, dtype=args.dtype, attn=args.attn), args.gguf)
+    lm, note = resolve(spec, load_options(args), args.gguf)
     res = long_chat(lm, args.context, args.turns, args.reply_tokens, args.old_turns)
     return {"model": lm.name, "spec": spec, "note": note, "device": args.device, "long_chat": res}
 
 
 def cpu_peer_model(spec: str, args: BenchArgs) -> dict:
-    lm, note = resolve(spec, LoadOptions(device=args.device, dtype=args.dtype, attn=args.attn), args.gguf)
+    lm, note = resolve(spec, load_options(args), args.gguf)
     res = cpu_peer(lm, spec, args.gguf, args.llama_bench, args.threads, args.pp, args.tg, args.depth, args.peer_reps)
     return {"model": lm.name, "spec": spec, "note": note, "device": args.device, "cpu_peer": res}
 

@@ -92,15 +92,21 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 def library() -> ctypes.CDLL | None:
     """The compiled kernels, building them on first use; None without a working C compiler
     (or with NANOCHAT_NATIVE=0)."""
-    if os.environ.get("NANOCHAT_NATIVE", "1") == "0" or (cc := compiler()) is None:
+    if os.environ.get("NANOCHAT_NATIVE", "1") == "0":
         return None
-    for flags in ATTEMPTS:
-        out = _target(flags, cc)
-        if out.exists() or _compile(cc, flags, out):
-            try:
-                return _bind(ctypes.CDLL(str(out)))
-            except OSError:
-                out.unlink(missing_ok=True)
+    return next((lib for flags in ATTEMPTS if (lib := build(flags)) is not None), None)
+
+
+def build(flags: list[str]) -> ctypes.CDLL | None:
+    """The kernels compiled with `flags` (reused when built before), or None."""
+    if (cc := compiler()) is None:
+        return None
+    out = _target(flags, cc)
+    if out.exists() or _compile(cc, flags, out):
+        try:
+            return _bind(ctypes.CDLL(str(out)))
+        except OSError:
+            out.unlink(missing_ok=True)
     return None
 
 

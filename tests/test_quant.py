@@ -1,0 +1,228 @@
+"""The quantized CPU path: every GGUF block type repacked equals the gguf package's own
+dequantization bit for bit, the C kernels (AVX2 and portable builds) compute what they claim,
+and the C decode step over the persistent fp16 cache follows the fp32-dequantized reference
+through a chat with retry and undo."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+from safetensors.torch import load_file, save_file
+from test_gguf import K_BLOCKS, MIXED, random_k_quant, write_gguf
+
+from chatapp.chat.session import Session
+from chatapp.chat.settings import Settings
+from model.errors import ModelLoadError
+from model.kernels.cpu import native
+from model.kernels.cpu.step import CpuStep
+from model.loading import LoadOptions, load_model
+from model.loading.gguf import converted_dir
+from model.quant.blocks import BLOCK_TYPES, dequantize, repack
+from model.quant.qlinear import QLinear
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason=f"CPU kernels unavailable: {native.why_not()}")
+ROWS, COLS = 24, 512
+
+
+@pytest.fixture(scope="module")
+def portable() -> ctypes.CDLL:
+    """The kernels built without -march=native: the plain C path other CPUs run."""
+    lib = native.build(["-O3", "-fopenmp"])
+    assert lib is not None and lib.qd_simd() == 0
+    return lib
+
+
+def gguf_blocks(kind: str, rng) -> np.ndarray:
+    t = Q[kind]
+    if t in K_BLOCKS:
+        return random_k_quant(ROWS, COLS, t, rng)
+    return quants.quantize(rng.normal(0, 1, (ROWS, COLS)).astype(np.float32), t)
+
+
+def packed_linear(kind: str, seed: int = 0) -> tuple[QLinear, np.ndarray]:
+    raw = gguf_blocks(kind, np.random.default_rng(seed))
+    p = repack(kind, raw, ROWS, COLS)
+    ql = QLinear(p.kind, torch.from_numpy(p.q), torch.from_numpy(p.scale),
+                 None if p.min is None else torch.from_numpy(p.min))
+    return ql, quants.dequantize(raw, Q[kind]).reshape(ROWS, COLS).astype(np.float32)
+
+
+def bits(a) -> np.ndarray:
+    """Bit patterns, with -0.0 read as 0.0: gguf computes Q4_0 as (q - 8) d, which gives -0.0
+    for q = 8 under a negative d, where our q d + (-8 d) gives 0.0: the same number."""
+    return (np.asarray(a, dtype=np.float32) + np.float32(0)).view(np.int32)
+
+
+@pytest.mark.parametrize("kind", BLOCK_TYPES)
+def test_repacked_weights_equal_gguf_dequantization_bit_for_bit(kind, portable):
+    ql, ref = packed_linear(kind)
+    assert np.array_equal(bits(dequantize(ql.kind, ql.q, ql.scale, ql.min).numpy()), bits(ref))
+    assert np.array_equal(bits(ql.weight_fp32().numpy()), bits(ref))   # the AVX2 build's dequant
+    out = torch.empty(ROWS, COLS)
+    portable.qd_dequant(ql.qw(), out.data_ptr(), 1)
+    assert np.array_equal(bits(out.numpy()), bits(ref))
+    rows = torch.tensor([[3, 0], [23, 3]])
+    assert torch.equal(ql.rows(rows), torch.from_numpy(ref)[rows])   # the embedding lookup
+
+
+def int16_reference(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """W x with x rounded to int16 per 32 as the kernels do, in float64."""
+    xb = x.reshape(-1, 32).astype(np.float32)
+    d = np.abs(xb).max(axis=1, keepdims=True) / np.float32(32767)
+    q = np.rint(xb / np.where(d > 0, d, 1)) * (d > 0)
+    return w.astype(np.float64) @ (q * d).reshape(-1).astype(np.float64)
+
+
+@pytest.mark.parametrize("kind", BLOCK_TYPES + ("F32", "F16", "BF16"))
+def test_gemv_kernels_compute_the_product(kind, portable):
+    rng = np.random.default_rng(1)
+    if kind in BLOCK_TYPES:
+        ql, w = packed_linear(kind, seed=2)
+        x = rng.normal(0, 1, COLS).astype(np.float32)
+        x[7] = 40.0   # an outlier channel, as real hidden states have
+        want = int16_reference(w, x)
+    else:
+        dt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[kind]
+        wt = torch.randn(ROWS, COLS).to(dt)
+        ql, w = QLinear.dense(wt), wt.float().numpy()
+        x = rng.normal(0, 1, COLS).astype(np.float32)
+        want = w.astype(np.float64) @ x.astype(np.float64)
+    xt = torch.from_numpy(x)
+    for lib in (native.library(), portable):
+        y = torch.empty(ROWS)
+        lib.qd_gemv(ql.qw(), xt.data_ptr(), y.data_ptr(), 2)
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.fixture(scope="module")
+def mixed_gguf(tmp_path_factory):
+    """A tiny Llama GGUF holding every supported type, loaded both ways."""
+    d = tmp_path_factory.mktemp("mixed")
+    path = d / "mixed.gguf"
+    write_gguf(path, MIXED, tied=False)
+    return path
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("NANOCHAT_TUI_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def both(path):
+    return load_model(str(path), LoadOptions(quantized=True)), load_model(str(path))
+
+
+def test_quantized_model_keeps_the_file_and_an_fp16_cache(mixed_gguf, home):
+    q, ref = both(mixed_gguf)
+    assert isinstance(q.model.lm_head, QLinear) and isinstance(q.model.model.layers[1].mlp.down_proj, QLinear)
+    assert q.model.model.layers[0].mlp.gate_proj.kind == "q4"          # Q4_K stays 4-bit
+    assert q.model.model.layers[0].self_attn.v_proj.kind == "f16"      # F16 stays F16
+    assert q.model.new_cache(64).dtype == torch.float16 and ref.model.new_cache(64).dtype == torch.float32
+    ids = torch.tensor([q.template.start("") + q.template.user_turn("hello 1234 world")])
+    with torch.no_grad():   # the prefill dequantizes exactly: only the fp16 cache differs
+        a = q.model(ids, q.model.new_cache(64))[0]
+        b = ref.model(ids, ref.model.new_cache(64))[0]
+    assert (a - b).abs().max().item() <= 2e-3 * b.abs().max().item()
+
+
+def assert_close_logits(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Within int16 activations and an fp16 cache of the reference, and the same pick."""
+    assert (a - b).abs().max().item() <= 5e-3 * b.abs().max().item()
+    assert int(a.argmax()) == int(b.argmax())
+
+
+def test_cpu_step_follows_the_reference_through_retry_and_undo(mixed_gguf, home):
+    q, ref = both(mixed_gguf)
+    qc, rc = q.model.new_cache(128), ref.model.new_cache(128)
+    step = CpuStep(q.model, qc)
+    t = q.template
+    turn1 = t.start("") + t.user_turn("hello world")
+    rng = np.random.default_rng(3)
+    reply = [int(x) for x in rng.integers(3, q.tokenizer.vocab_size, 12)]
+
+    def prefill(ids):
+        with torch.no_grad():
+            return (q.model(torch.tensor([ids]), qc, last=True)[0, -1],
+                    ref.model(torch.tensor([ids]), rc, last=True)[0, -1])
+
+    def decode(ids):
+        for tok in ids:
+            with torch.no_grad():
+                b = ref.model(torch.tensor([[tok]]), rc)[0, -1]
+            assert_close_logits(step(tok), b)
+        assert qc.pos == rc.pos == int(qc.cache_seqlens[0])
+
+    prefill(turn1)
+    decode(reply)
+    qc.rewind(len(turn1)), rc.rewind(len(turn1))              # /retry: the reply again
+    decode(reply[::-1])
+    turn2 = t.end_reply() + t.user_turn("1234 what")
+    prefill(turn2)                                            # a second turn on a non-empty cache
+    decode(reply[:6])
+    qc.rewind(len(turn1) + 12), rc.rewind(len(turn1) + 12)    # /undo the second exchange
+    decode(reply[:4])
+    # The cache holds what a fresh prefill of the same tokens writes (fp16 of it).
+    tokens = turn1 + reply[::-1] + reply[:4]
+    fresh = ref.model.new_cache(128)
+    with torch.no_grad():
+        ref.model(torch.tensor([tokens]), fresh)
+    n = qc.pos
+    assert n == len(tokens)
+    torch.testing.assert_close(qc.k_cache[:, :, :n].float(), fresh.k_cache[:, :, :n], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(qc.v_cache[:, :, :n].float(), fresh.v_cache[:, :, :n], atol=2e-2, rtol=2e-2)
+
+
+def test_threads_agree(mixed_gguf, home):
+    """One thread and two give the same logits: a race between the step's threads shows here."""
+    q, _ = both(mixed_gguf)
+    out = []
+    for threads in (1, 2):
+        cache = q.model.new_cache(96)
+        step = CpuStep(q.model, cache, threads=threads)
+        out.append(torch.stack([step(tok).clone() for tok in range(3, 83)]))
+    # Only the order of the attention merge differs; a race was off by whole logits.
+    torch.testing.assert_close(out[0], out[1], atol=1e-3, rtol=1e-3)
+
+
+def test_quantized_session_chats_with_retry_and_undo(mixed_gguf, home):
+    q, ref = both(mixed_gguf)
+    s = Session(q, Settings(temperature=0.0, max_new_tokens=10), context=200)
+    r = Session(ref, Settings(temperature=0.0, max_new_tokens=10), context=200)
+    assert s.gen.cpu_step is not None and r.gen.cpu_step is None
+    for text in ("hello world", "what 1234"):
+        list(s.send(text)), list(r.send(text))
+    list(s.run_command("/retry")), list(r.run_command("/retry"))
+    list(s.run_command("/undo")), list(r.run_command("/undo"))
+    list(s.send("world hello")), list(r.send("world hello"))
+    assert s.tokens == r.tokens and s.cache.pos == r.cache.pos
+
+
+@pytest.mark.parametrize("quantized", [True, False], ids=["quantized", "dequantized"])
+def test_corrupt_quantized_tensor_names_the_file(mixed_gguf, home, quantized):
+    load_model(str(mixed_gguf), LoadOptions(quantized=True))
+    weights = converted_dir(mixed_gguf) / "model.safetensors"
+    state = load_file(str(weights))
+    key = "model.layers.0.mlp.gate_proj.weight.scale"
+    state[key] = state[key][:, :3].contiguous()
+    save_file(state, str(weights))
+    with pytest.raises(ModelLoadError, match=r"mixed\.gguf: quantized weight model.layers.0.mlp.gate_proj"
+                                             r".weight is corrupt \(mins are") as e:
+        load_model(str(mixed_gguf), LoadOptions(quantized=quantized))
+    assert "\n" not in str(e.value)
+
+
+def test_truncated_converted_weights_name_the_file(mixed_gguf, home):
+    load_model(str(mixed_gguf), LoadOptions(quantized=True))
+    weights = converted_dir(mixed_gguf) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    with pytest.raises(ModelLoadError, match=r"mixed\.gguf") as e:
+        load_model(str(mixed_gguf), LoadOptions(quantized=True))
+    assert "\n" not in str(e.value)
+    assert not converted_dir(mixed_gguf).exists()   # the broken copy is dropped: the next load converts again
+    assert isinstance(load_model(str(mixed_gguf), LoadOptions(quantized=True)).model.lm_head, QLinear)
