@@ -43,6 +43,14 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+def embedding(num: int, dim: int) -> nn.Embedding:
+    """nn.Embedding. Built on the meta device (loading), its init is skipped: torch 2.13's
+    normal_ on a meta tensor keeps a real table's worth of memory (146 MB for SmolLM2's)."""
+    if torch.get_default_device().type == "meta":
+        return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
+    return nn.Embedding(num, dim)
+
+
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
     """RMSNorm with no weight and eps from the dtype, in x's dtype (nanochat)."""
     return F.rms_norm(x, (x.size(-1),))

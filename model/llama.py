@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from kvcache import Attention, KVCache
-from model.layers import RMSNorm, SwiGLU, apply_rotary, llama3_freq_factors, rotary_tables
+from model.layers import RMSNorm, SwiGLU, apply_rotary, embedding, llama3_freq_factors, rotary_tables
 
 
 @dataclass
@@ -189,7 +189,7 @@ class LlamaBlock(nn.Module):
 class LlamaBody(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(LlamaBlock(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

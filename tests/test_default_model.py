@@ -190,3 +190,30 @@ def test_download_progress_survives_pip_deleting_its_temp_folders(tmp_path):
         t.join()
     assert min(sizes) >= 1000 and max(sizes) <= 1000 + 7
     assert _size(tmp_path) == 1000
+
+
+def test_quantized_path_matches_the_fp32_reference_on_ordinary_text(pulled):
+    """Issue 13's quality bar on the real model: over 512 teacher-forced tokens, the quantized
+    C step (the CPU default) picks the fp32-dequantized reference's greedy token at >= 99% of
+    positions, and its perplexity is within 1%."""
+    from model.kernels.cpu.step import CpuStep
+    from model.loading import LoadOptions
+
+    q = load_model(str(pulled.model_dir), LoadOptions(quantized=True))
+    ref = load_model(str(pulled.model_dir), LoadOptions(dtype=torch.float32))
+    ids = q.tokenizer.encode((Path(__file__).parent / "data" / "ordinary_text.txt").read_text())[:513]
+    assert len(ids) == 513
+    with torch.no_grad():
+        want = ref.model(torch.tensor([ids[:-1]]), ref.model.new_cache(513))[0]
+    step = CpuStep(q.model, q.model.new_cache(513))
+    got = torch.stack([step(t).clone() for t in ids[:-1]])
+    agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+    target = torch.tensor(ids[1:])
+
+    def ppl(logits):
+        return torch.nn.functional.cross_entropy(logits, target).exp().item()
+
+    print(f"\nquantized vs fp32 reference over 512 tokens: greedy agreement {agree:.2%}, "
+          f"perplexity {ppl(got):.3f} vs {ppl(want):.3f}")
+    assert agree >= 0.99
+    assert abs(ppl(got) / ppl(want) - 1) <= 0.01
