@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from model.errors import ModelLoadError
+from model.loading import gguf_gemma
 from model.loading.gguf_meta import GGUFFile, hf_config, open_gguf, tokenizer_files
 from model.loading.hf import load_hf_dir
 from model.loading.options import LoadedModel, LoadOptions
@@ -36,7 +37,7 @@ LAYER_NAMES = {
 }
 TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
              "output.weight": "lm_head.weight"}
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q5_0", "Q5_K")
 
 
 BIASED = ("attn_q", "attn_k", "attn_v")   # Qwen2's; a bias elsewhere is a model we cannot run
@@ -79,7 +80,7 @@ def tensor_plan(g: GGUFFile, config: dict) -> list[tuple[TensorSpec, object]]:
         if t.tensor_type.name not in SUPPORTED_TYPES:
             raise ModelLoadError(f"{g.path}: tensor {t.name} has type {t.tensor_type.name}; supported types: "
                                  f"{', '.join(SUPPORTED_TYPES)} (re-quantize the file, e.g. to Q8_0 or Q4_K)")
-        name = hf_name(t.name, str(g.path))
+        name = (gguf_gemma.hf_name if g.arch == gguf_gemma.ARCH else hf_name)(t.name, str(g.path))
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         dtype = {"F16": "F16", "BF16": "BF16"}.get(t.tensor_type.name, "F32")   # 16-bit stays exact
         plan.append((TensorSpec(name, dtype, shape), t))
@@ -98,6 +99,8 @@ def dequantize(spec: TensorSpec, t, config: dict) -> np.ndarray:
     else:
         w = quants.dequantize(t.data, kind).astype(np.float32, copy=False)
     w = w.reshape(spec.shape)
+    if config["model_type"] == gguf_gemma.MODEL_TYPE:
+        return gguf_gemma.fix_tensor(spec.name, w)
     if config["model_type"] != "llama":   # llama.cpp permutes Q/K rows for its llama architecture only
         return w
     if spec.name.endswith("self_attn.q_proj.weight"):
