@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+import model.loading.gguf_gemma as gguf_gemma
 from model.errors import ModelLoadError
-from model.loading import gguf_gemma
 from model.loading.gguf_meta import GGUFFile, hf_config, open_gguf, tokenizer_files
 from model.loading.hf import load_hf_dir
 from model.loading.options import LoadedModel, LoadOptions

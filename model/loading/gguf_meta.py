@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
+import model.loading.gguf_gemma as gguf_gemma
 from model.bpe import make_tokenizer, tokenizer_json, vocab_from_gguf
 from model.errors import ModelLoadError
 from model.llama import LlamaConfig
-from model.loading import gguf_gemma
 
 # GGUF general.architecture -> the Hugging Face architecture it converts to. Their metadata
 # keys share one layout under the architecture's prefix (llama.cpp's convert_hf_to_gguf.py).
