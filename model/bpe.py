@@ -33,6 +33,7 @@ from model.pretokenizers import (
     normalizer_from_json,
     pattern_from_pre_tokenizer,
 )
+from model.spm import is_spm_json, spm_from_json
 from model.tokenizer import Tokenizer
 
 
@@ -200,13 +201,16 @@ def _token_name(value) -> str | None:
 
 
 def tokenizer_from_json(path: Path, tokenizer_config: dict) -> Tokenizer:
-    """The tokenizer of a Hugging Face byte-level BPE `tokenizer.json`."""
+    """The tokenizer of a Hugging Face `tokenizer.json`: byte-level BPE, or SentencePiece BPE."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
+        data = json.loads(text)
     except FileNotFoundError:
         raise ModelLoadError(f"{path}: missing") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+    if is_spm_json(data):   # SentencePiece BPE with byte fallback (Gemma): model/spm.py
+        return spm_from_json(path, text, data, tokenizer_config)
     v = vocab_from_tokenizer_json(data, str(path))
     return make_tokenizer(v, _token_name(tokenizer_config.get("bos_token")),
                           _token_name(tokenizer_config.get("eos_token")))

@@ -14,9 +14,11 @@ from typing import Protocol
 import torch
 
 from kvcache import KVCache
-from model.chat_formats.recognize import template_for
+from model.chat_formats.recognize import gemma_template_for, template_for
+from model.gemma import Gemma, GemmaConfig
 from model.graph_config import GraphConfig
 from model.kernels import triton_available
+from model.kernels.gemma_step import GemmaTorchStep
 from model.kernels.nanochat_step import NanochatTorchStep
 from model.kernels.torch_step import LlamaTorchStep
 from model.llama import Llama, LlamaConfig
@@ -70,6 +72,11 @@ def nanochat_step(model: Nanochat, cache: KVCache, cfg: GraphConfig) -> DecodeSt
     return NanochatTorchStep(model, cache, cfg.num_splits)
 
 
+def gemma_step(model: Gemma, cache: KVCache, cfg: GraphConfig) -> DecodeStep:
+    # Plain PyTorch until a fused step learns Gemma's four norms, GeGLU and windows.
+    return GemmaTorchStep(model, cache, cfg.num_splits)
+
+
 def nanochat_template(tok: Tokenizer, chat_template: str | None = None, default_system: str = "") -> ChatTemplate:
     return NanochatFormat(tok, default_system=default_system)  # one format: nothing to pick
 
@@ -84,6 +91,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("qwen3", Llama, LlamaConfig, llama_step, template_for,
            hf_architectures=frozenset({"Qwen3ForCausalLM"}), fixed_config={"qk_norm": True}),
     Family("nanochat", Nanochat, NanochatConfig, nanochat_step, nanochat_template),
+    Family("gemma3", Gemma, GemmaConfig, gemma_step, gemma_template_for,
+           hf_architectures=frozenset({"Gemma3ForCausalLM"})),
 )}
 
 

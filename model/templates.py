@@ -21,7 +21,7 @@ from model.tokenizer import Tokenizer
 def encode_rendered(tok: Tokenizer, text: str) -> list[int]:
     """Tokens of text a template rendered, special-token strings included: what a Hugging Face
     tokenizer makes of `apply_chat_template`'s output. Never for user text (Tokenizer.encode)."""
-    return tok.enc.encode(text, allowed_special="all")
+    return tok.encode_rendered(text)
 
 
 @dataclass
@@ -209,6 +209,36 @@ class Llama3(ChatTemplate):
 
     def end_reply(self) -> list[int]:
         return [self.eot]
+
+    def history_text(self, reply: str) -> str:
+        return reply.strip()  # `message['content'] | trim`
+
+
+@dataclass
+class GemmaFormat(ChatTemplate):
+    """<bos><start_of_turn>user\\ntext<end_of_turn>\\n<start_of_turn>model\\n — Gemma 3.
+
+    Gemma has no system role: its template puts a system prompt at the start of the first user
+    message, followed by a blank line, untrimmed; every message itself is trimmed."""
+
+    system_always: bool = False   # no system block of its own, ever (what recognize.py probes)
+
+    def __post_init__(self):
+        t = self.tok.token
+        self.bos_id, self.sot, self.eot = t("<bos>"), t("<start_of_turn>"), t("<end_of_turn>")
+        self.stop_ids = {self.eot} | ({self.tok.eos_id} if self.tok.eos_id is not None else set())
+        self.nl = self.tok.encode("\n")
+
+    def start(self, system: str) -> list[int]:
+        return [self.bos_id]
+
+    def user_turn(self, text: str, system: str = "") -> list[int]:
+        prefix = f"{system}\n\n" if system else ""
+        return [self.sot, *self.tok.encode(f"user\n{prefix}{text.strip()}"), self.eot, *self.nl,
+                self.sot, *self.tok.encode("model\n")]
+
+    def end_reply(self) -> list[int]:
+        return [self.eot, *self.nl]
 
     def history_text(self, reply: str) -> str:
         return reply.strip()  # `message['content'] | trim`

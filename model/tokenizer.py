@@ -29,6 +29,11 @@ class Tokenizer:
         """Plain text: special-token strings are encoded as ordinary text."""
         return self.enc.encode(text, allowed_special=set(), disallowed_special=())
 
+    def encode_rendered(self, text: str) -> list[int]:
+        """Text a chat template rendered: special-token strings become the tokens. Never for
+        user text."""
+        return self.enc.encode(text, allowed_special="all")
+
     def token(self, name: str) -> int:
         """The id of a special token, by its string."""
         try:

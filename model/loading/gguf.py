@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+import model.loading.gguf_gemma as gguf_gemma
 from model.errors import ModelLoadError
 from model.loading.gguf_meta import GGUFFile, hf_config, open_gguf, tokenizer_files
 from model.loading.hf import load_hf_dir
@@ -87,7 +88,7 @@ def tensor_plan(g: GGUFFile, config: dict) -> list[tuple[TensorSpec, object, str
         if kind not in SUPPORTED_TYPES:
             raise ModelLoadError(f"{g.path}: tensor {t.name} has type {kind}; supported types: "
                                  f"{', '.join(SUPPORTED_TYPES)} (re-quantize the file, e.g. to Q8_0 or Q4_K)")
-        name = hf_name(t.name, str(g.path))
+        name = (gguf_gemma.hf_name if g.arch == gguf_gemma.ARCH else hf_name)(t.name, str(g.path))
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         if kind in DENSE_TYPES or len(shape) != 2:
             parts = [(TensorSpec(name, kind if kind in ("F16", "BF16") else "F32", shape), "dense")]
@@ -123,6 +124,8 @@ def tensor_data(t, part: str, config: dict, cache: dict) -> np.ndarray:
         w = np.asarray(t.data)
         w = w.view(np.uint16) if kind == "BF16" else w.view(np.float16) if kind == "F16" else w.astype(np.float32)
         w = w.reshape(tuple(int(d) for d in reversed(t.shape.tolist())))
+        if config["model_type"] == gguf_gemma.MODEL_TYPE:
+            return gguf_gemma.fix_tensor(t.name, w)
         return permuted(w, t.name, config) if w.ndim == 2 else w
     if cache.get("name") != t.name:
         rows, cols = (int(d) for d in reversed(t.shape.tolist()))
@@ -157,7 +160,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = Non
         if needed not in names:
             raise ModelLoadError(f"{gguf_path}: missing tensor {needed}")
     config["tie_word_embeddings"] = "lm_head.weight" not in names
-    embd = next(t for s, t, part in plan if t is not None and hf_name(t.name, "") == "model.embed_tokens.weight")
+    embd = next(t for s, t, part in plan if t is not None and t.name == "token_embd.weight")
     config["vocab_size"] = int(embd.shape[-1])   # padded vocabularies included
     tok_json, tok_config = tokenizer_files(g)   # builds the tokenizer once: errors surface now
     if progress:

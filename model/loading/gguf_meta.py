@@ -8,13 +8,15 @@ from pathlib import Path
 
 import numpy as np
 
+import model.loading.gguf_gemma as gguf_gemma
 from model.bpe import make_tokenizer, tokenizer_json, vocab_from_gguf
 from model.errors import ModelLoadError
 from model.llama import LlamaConfig
 
 # GGUF general.architecture -> the Hugging Face architecture it converts to. Their metadata
 # keys share one layout under the architecture's prefix (llama.cpp's convert_hf_to_gguf.py).
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "gemma3": "Gemma3ForCausalLM"}   # gemma3: model/loading/gguf_gemma.py
 
 
 @dataclass
@@ -77,6 +79,8 @@ def refuse_unsupported(g: GGUFFile) -> None:
 def hf_config(g: GGUFFile, name: str) -> dict:
     """config.json (Hugging Face keys) from the `<arch>.*` metadata."""
     a = g.arch
+    if a == gguf_gemma.ARCH:
+        return gguf_gemma.hf_config(g, name, _f32)
     refuse_unsupported(g)
     heads = g.need(f"{a}.attention.head_count")
     kv = g.get(f"{a}.attention.head_count_kv", heads)
@@ -114,6 +118,8 @@ def default_system(chat_template: str) -> str:
 
 def tokenizer_files(g: GGUFFile) -> tuple[dict, dict]:
     """tokenizer.json and tokenizer_config.json contents for the GGUF's vocabulary."""
+    if g.arch == gguf_gemma.ARCH:
+        return gguf_gemma.tokenizer_files(g)
     meta = {k: v for k, v in g.meta.items() if k.startswith("tokenizer.ggml.")}
     if "tokenizer.ggml.tokens" not in meta:
         raise ModelLoadError(f"{g.path}: the GGUF has no tokenizer")

@@ -1,4 +1,4 @@
-"""The CPU decode step of a quantized Llama-shaped model: one C call a token (qdecode.c).
+"""The CPU decode step of a quantized Llama-shaped or Gemma 3 model: one C call a token (qdecode.c).
 
 The step reads the model's QLinear buffers and the persistent KV cache in place: it writes
 the new token's K/V at `cache.pos` and advances the cache like any forward would, so the
@@ -31,38 +31,54 @@ class CpuStep:
         c = model.config
         if cache.dtype != torch.float16 or cache.k_cache.shape[1] != 1:
             raise ValueError("the CPU step needs a single-sequence fp16 cache")
-        cos, sin = model.rope(torch.device("cpu"))
-        if cache.capacity > cos.shape[0]:
-            raise ValueError(f"cache capacity {cache.capacity} exceeds the rotary tables ({cos.shape[0]})")
-        self.lib, self.cache, self.keep = native.library(), cache, [cos, sin]
+        self.lib, self.cache, self.keep = native.library(), cache, []
+        self.gemma = hasattr(c, "query_pre_attn_scalar")
+        tables = model.rope(torch.device("cpu"))
+        tables = tables if self.gemma else {False: tables}
+        if cache.capacity > tables[False][0].shape[0]:
+            raise ValueError(f"cache capacity {cache.capacity} exceeds the rotary tables ({tables[False][0].shape[0]})")
+        self.keep += [t for pair in tables.values() for t in pair]
         self.layers = (native.Layer * c.num_hidden_layers)()
-        for layer, blk in zip(self.layers, model.model.layers, strict=True):
+        for i, (layer, blk) in enumerate(zip(self.layers, model.model.layers, strict=True)):
             a, mlp = blk.self_attn, blk.mlp
             for field, lin in (("wq", a.q_proj), ("wk", a.k_proj), ("wv", a.v_proj), ("wo", a.o_proj),
                                ("wg", mlp.gate_proj), ("wu", mlp.up_proj), ("wd", mlp.down_proj)):
                 setattr(layer, field, lin.qw())
-            layer.attn_norm = self._f32(blk.input_layernorm.weight)
-            layer.ffn_norm = self._f32(blk.post_attention_layernorm.weight)
-            if a.qk_norm:
-                layer.q_norm, layer.k_norm = self._f32(a.q_norm.weight), self._f32(a.k_norm.weight)
-            layer.cos, layer.sin, layer.window = cos.data_ptr(), sin.data_ptr(), -1
+            layer.attn_norm = self._norm(blk.input_layernorm)
+            if self.gemma:   # four norms a layer, q/k norms, a window and a rotary base per layer
+                layer.post_attn_norm = self._norm(blk.post_attention_layernorm)
+                layer.ffn_norm = self._norm(blk.pre_feedforward_layernorm)
+                layer.post_ffn_norm = self._norm(blk.post_feedforward_layernorm)
+                layer.window = c.window(i)[0]
+                cos, sin = tables[blk.sliding]
+            else:
+                layer.ffn_norm = self._norm(blk.post_attention_layernorm)
+                layer.window = -1
+                cos, sin = tables[False]
+            if getattr(a, "qk_norm", True) and hasattr(a, "q_norm"):
+                layer.q_norm, layer.k_norm = self._norm(a.q_norm), self._norm(a.k_norm)
+            layer.cos, layer.sin = cos.data_ptr(), sin.data_ptr()
+        emb_scale = float(torch.tensor(c.hidden_size ** 0.5, dtype=torch.float32)) if self.gemma else 1.0
         self.model = native.Model(
             n_layers=c.num_hidden_layers, dim=c.hidden_size, n_head=c.num_attention_heads,
             n_kv=c.num_key_value_heads, head_dim=c.head_dim, hidden=c.intermediate_size, vocab=c.vocab_size,
-            cap=cache.capacity, act=0, n_threads=threads or torch.get_num_threads(), eps=c.rms_norm_eps,
-            emb_scale=1.0, attn_scale=c.head_dim ** -0.5, final_softcap=0.0,
+            cap=cache.capacity, act=int(self.gemma), n_threads=threads or torch.get_num_threads(),
+            eps=c.rms_norm_eps, emb_scale=emb_scale,
+            attn_scale=(c.query_pre_attn_scalar if self.gemma else c.head_dim) ** -0.5,
+            final_softcap=(getattr(c, "final_logit_softcapping", None) or 0.0),
             embed=model.model.embed_tokens.table.qw(), lm_head=model.lm_head.qw(),
-            final_norm=self._f32(model.model.norm.weight), layers=self.layers)
+            final_norm=self._norm(model.model.norm), layers=self.layers)
         self.ctx = self.lib.qd_new(ctypes.byref(self.model))
         if not self.ctx:
             raise MemoryError("the CPU step could not allocate its scratch buffers")
         self.logits = torch.empty(c.vocab_size)
         self.owner = model   # the buffers the pointers lead into live as long as the model
 
-    def _f32(self, t: torch.Tensor) -> int:
-        t = t.detach().float().contiguous()
-        self.keep.append(t)
-        return t.data_ptr()
+    def _norm(self, norm: torch.nn.Module) -> int:
+        """An RMSNorm's multiplier as fp32: Gemma's norms scale by 1 + weight."""
+        t = norm.weight.detach().float() + (1.0 if self.gemma else 0.0)
+        self.keep.append(t.contiguous())
+        return self.keep[-1].data_ptr()
 
     def __call__(self, tok: int) -> torch.Tensor:
         """Logits of `tok` fed at cache.pos; the cache advances by one."""
