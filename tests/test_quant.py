@@ -226,3 +226,21 @@ def test_truncated_converted_weights_name_the_file(mixed_gguf, home):
     assert "\n" not in str(e.value)
     assert not converted_dir(mixed_gguf).exists()   # the broken copy is dropped: the next load converts again
     assert isinstance(load_model(str(mixed_gguf), LoadOptions(quantized=True)).model.lm_head, QLinear)
+
+
+def test_cpu_step_serves_gemma_windows_and_norms(tmp_path, home):
+    """Gemma 3 (four norms scaling by 1 + w, GeGLU, q/k norms, windows of 6 keys on five layers
+    in six, two rotary bases) decoded by the C step follows the fp32 reference past the window."""
+    from gemma_tiny import save_tiny
+    from gemma_tiny import write_gguf as write_gemma
+
+    path = write_gemma(tmp_path / "gemma.gguf", save_tiny(tmp_path / "hf"), Q.Q8_0)
+    q, ref = both(path)
+    qc, rc = q.model.new_cache(64), ref.model.new_cache(64)
+    step = CpuStep(q.model, qc)
+    assert step.gemma and [layer.window for layer in step.layers] == [5, 5, 5, 5, 5, -1]
+    ids = q.template.start("") + q.template.user_turn("hello there")
+    with torch.no_grad():
+        q.model(torch.tensor([ids]), qc, last=True), ref.model(torch.tensor([ids]), rc, last=True)
+        for tok in [5, 9, 11, 7, 13, 8, 10, 12, 9, 6, 14, 7]:   # well past the 6-key window
+            assert_close_logits(step(tok), ref.model(torch.tensor([[tok]]), rc)[0, -1])
