@@ -73,7 +73,10 @@ def nanochat_step(model: Nanochat, cache: KVCache, cfg: GraphConfig) -> DecodeSt
 
 
 def gemma_step(model: Gemma, cache: KVCache, cfg: GraphConfig) -> DecodeStep:
-    # Plain PyTorch until a fused step learns Gemma's four norms, GeGLU and windows.
+    if cfg.fused and triton_available() and cache.device.type == "cuda":
+        # Lazy: the fused step imports triton, which CPU-only runs never need to load.
+        from model.kernels.gemma_fused import GemmaFusedStep
+        return GemmaFusedStep(model, cache, cfg.attn, cfg.splits, cfg.num_splits, cfg.pdl)
     return GemmaTorchStep(model, cache, cfg.num_splits)
 
 

@@ -10,17 +10,38 @@ import time
 
 import torch
 
+from model.gemma import SLIDING, Gemma
 from model.llama import Llama
 
 
-def hf_twin(model: Llama):
-    """A transformers model of the same family (Llama, Qwen2, Qwen3) holding `model`'s tensors' values."""
+def gemma_hf_config(model: Gemma):
+    import transformers
+
+    c = model.config
+    full = {"rope_type": "default", "rope_theta": c.rope_theta}
+    if c.rope_scaling_factor != 1.0:
+        full = {"rope_type": "linear", "rope_theta": c.rope_theta, "factor": c.rope_scaling_factor}
+    return transformers.Gemma3TextConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
+        max_position_embeddings=c.max_position_embeddings, sliding_window=c.sliding_window,
+        layer_types=list(c.layer_types), query_pre_attn_scalar=c.query_pre_attn_scalar,
+        final_logit_softcapping=c.final_logit_softcapping, tie_word_embeddings=c.tie_word_embeddings,
+        rope_parameters={"full_attention": full,
+                         SLIDING: {"rope_type": "default", "rope_theta": c.rope_local_base_freq}},
+        pad_token_id=0)
+
+
+def hf_twin(model: Llama | Gemma):
+    """A transformers model of the same family (Llama, Qwen2, Qwen3, Gemma 3) holding `model`'s tensors' values."""
     import transformers  # lazy: transformers comes with the test extra
 
+    if isinstance(model, Gemma):
+        return _load_twin(model, transformers.Gemma3ForCausalLM, gemma_hf_config(model))
     c = model.config
     family = "Qwen3" if c.qk_norm else "Qwen2" if c.attention_bias else "Llama"
     config_cls, model_cls = getattr(transformers, f"{family}Config"), getattr(transformers, f"{family}ForCausalLM")
-    p = model.lm_head.weight
     cfg = config_cls(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
                      num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
                      num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
@@ -28,10 +49,15 @@ def hf_twin(model: Llama):
                      tie_word_embeddings=c.tie_word_embeddings, rope_scaling=c.rope_scaling)
     if getattr(cfg, "rope_parameters", None) is not None:  # transformers 5 keeps theta and scaling here
         cfg.rope_parameters.update({"rope_theta": c.rope_theta, **(c.rope_scaling or {})})
+    return _load_twin(model, model_cls, cfg)
+
+
+def _load_twin(model, model_cls, cfg):
+    p = model.lm_head.weight
     hf = model_cls(cfg).to(device=p.device, dtype=p.dtype).eval()
     state = {k: v for k, v in model.state_dict().items() if "rotary" not in k}
     missing, unexpected = hf.load_state_dict(state, strict=False)
-    if unexpected or [k for k in missing if "rotary" not in k and not k.endswith("lm_head.weight")]:
+    if unexpected or [k for k in missing if "rotary" not in k and not k.endswith(("lm_head.weight", "embed_scale"))]:
         raise RuntimeError(f"weights do not map onto {model_cls.__name__}: {missing[:3]} {unexpected[:3]}")
     return hf
 
@@ -49,7 +75,7 @@ def _generate(hf, ids: torch.Tensor, new: int) -> tuple[float, list[int]]:
 
 def hf_static_decode(model: torch.nn.Module, prompt: list[int], new_tokens: int) -> dict:
     """tok/s of HF's static-cache greedy decode, and its first tokens (to check the weights match)."""
-    if not isinstance(model, Llama):
+    if not isinstance(model, (Llama, Gemma)):
         return {"skipped": f"no transformers twin for {type(model).__name__}"}
     try:
         hf = hf_twin(model)

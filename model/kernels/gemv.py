@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-ACT_NONE, ACT_SWIGLU, ACT_RELU2 = 0, 1, 2
+ACT_NONE, ACT_SWIGLU, ACT_RELU2, ACT_GEGLU = 0, 1, 2, 3  # GeGLU: Gemma's, tanh GELU
 
 
 @triton.jit
@@ -49,7 +49,7 @@ def _norm_gemv_kernel(x_ptr, nw_ptr, w_ptr, out_ptr, N, eps, K: tl.constexpr, KP
     rm = rows < N
     # Weights first: nothing in the step writes them, so no need to wait for the previous kernel.
     w = load_rows(w_ptr, rows, rm, K, KP)
-    if ACT == 1:  # SwiGLU: the up rows sit N rows below the gate rows
+    if ACT == 1 or ACT == 3:  # SwiGLU / GeGLU: the up rows sit N rows below the gate rows
         u = load_rows(w_ptr, rows + N, rm, K, KP)
     if PDL:
         tl.extra.cuda.gdc_wait()
@@ -62,6 +62,10 @@ def _norm_gemv_kernel(x_ptr, nw_ptr, w_ptr, out_ptr, N, eps, K: tl.constexpr, KP
     if ACT == 1:
         up = (tl.sum(u.to(tl.float32) * x[None, :], 1) * rstd).to(dt).to(tl.float32)
         y = (y / (1.0 + tl.exp(-y))).to(dt).to(tl.float32) * up
+    elif ACT == 3:  # gelu_tanh(g) = g * sigmoid(2 * 0.79788456 * (g + 0.044715 g^3))
+        up = (tl.sum(u.to(tl.float32) * x[None, :], 1) * rstd).to(dt).to(tl.float32)
+        z = 1.5957691216057308 * (y + 0.044715 * y * y * y)
+        y = (y / (1.0 + tl.exp(-z))).to(dt).to(tl.float32) * up
     elif ACT == 2:
         y = tl.maximum(y, 0.0)
         y = y * y
@@ -115,9 +119,9 @@ def rows_per_program(n: int, k: int, mats: int = 1) -> int:
 
 def norm_gemv(x: torch.Tensor, norm_w: torch.Tensor | None, w: torch.Tensor, out: torch.Tensor,
               eps: float, act: int = ACT_NONE, pdl: bool = False) -> torch.Tensor:
-    """out[:N] = act(RMSNorm(x) @ W.T); W is (N, K), or (2N, K) gate-then-up for SwiGLU."""
+    """out[:N] = act(RMSNorm(x) @ W.T); W is (N, K), or (2N, K) gate-then-up for SwiGLU and GeGLU."""
     n, k = out.shape[-1], x.shape[-1]
-    bn = rows_per_program(n, k, 2 if act == ACT_SWIGLU else 1)
+    bn = rows_per_program(n, k, 2 if act in (ACT_SWIGLU, ACT_GEGLU) else 1)
     _norm_gemv_kernel[(triton.cdiv(n, bn),)](
         x, norm_w if norm_w is not None else x, w, out, n, eps, K=k, KP=triton.next_power_of_2(k),
         ACT=act, HAS_NW=norm_w is not None, BLOCK_N=bn, PDL=pdl, num_warps=WARPS, launch_pdl=pdl)

@@ -9,6 +9,7 @@ import torch
 
 from kvcache import Attention
 from model.errors import ModelLoadError
+from model.gemma import Gemma, GemmaConfig
 from model.llama import Llama, LlamaConfig
 from model.loading.options import LoadedModel, LoadOptions
 from model.templates import ChatML
@@ -53,6 +54,31 @@ PRESETS: dict[str, dict] = {
 }
 
 
+# Gemma 3 shapes (model/gemma.py), random weights: the same byte tokenizer and ChatML format.
+GEMMA_PRESETS: dict[str, dict] = {
+    # Gemma 3 270M's real shapes (its GGUF's metadata): 18 layers, width 640, 4 query heads and
+    # 1 KV head of 256, FFN 2048, 262k vocabulary, a 512-key window on 5 layers of 6.
+    "gemma3-270m": dict(vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                        num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
+                        query_pre_attn_scalar=256, max_position_embeddings=32768),
+    # A few layers with a short window, fast on a CPU.
+    "tiny-gemma3": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=8,
+                        query_pre_attn_scalar=24, max_position_embeddings=2048),
+}
+
+
+def random_gemma(cfg: GemmaConfig, opts: LoadOptions, seed: int = 0) -> Gemma:
+    """Norm weights random too (small, around 0: Gemma scales by 1 + weight), so a step that
+    skipped or misplaced one of the four norms would show."""
+    torch.manual_seed(seed)
+    model = Gemma(cfg, Attention(opts.attn))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.1 if "norm" in name else 0.02 if "embed" in name else 0.08)
+    return model.to(device=opts.device, dtype=opts.dtype).eval()
+
+
 def random_llama(cfg: LlamaConfig, opts: LoadOptions, seed: int = 0) -> Llama:
     torch.manual_seed(seed)
     model = Llama(cfg, Attention(opts.attn))
@@ -64,11 +90,12 @@ def random_llama(cfg: LlamaConfig, opts: LoadOptions, seed: int = 0) -> Llama:
 
 
 def load_random(name: str, opts: LoadOptions) -> LoadedModel:
-    if name not in PRESETS:
-        raise ModelLoadError(f"unknown random preset {name!r}; choose one of {', '.join(PRESETS)}")
-    cfg = LlamaConfig(**PRESETS[name])
+    if name not in PRESETS and name not in GEMMA_PRESETS:
+        raise ModelLoadError(f"unknown random preset {name!r}; choose one of {', '.join([*PRESETS, *GEMMA_PRESETS])}")
+    cfg = GemmaConfig(**GEMMA_PRESETS[name]) if name in GEMMA_PRESETS else LlamaConfig(**PRESETS[name])
     tok = Tokenizer(byte_level_encoding(f"bytes-{name}", CHATML_SPECIALS), eos="<|endoftext|>")
     if tok.vocab_size > cfg.vocab_size:
         raise ModelLoadError(f"preset {name}: tokenizer needs {tok.vocab_size} ids, model has {cfg.vocab_size}")
     template = ChatML(tok, default_system="You are a helpful assistant.")
-    return LoadedModel(random_llama(cfg, opts), tok, template, f"random:{name}", cfg.max_position_embeddings)
+    model = random_gemma(cfg, opts) if isinstance(cfg, GemmaConfig) else random_llama(cfg, opts)
+    return LoadedModel(model, tok, template, f"random:{name}", cfg.max_position_embeddings)
