@@ -18,6 +18,7 @@ from test_gguf import K_BLOCKS, MIXED, random_k_quant, write_gguf
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from model.errors import ModelLoadError
+from model.generate import Generator
 from model.kernels.cpu import native
 from model.kernels.cpu.step import CpuStep
 from model.loading import LoadOptions, load_model
@@ -237,6 +238,7 @@ def test_cpu_step_serves_gemma_windows_and_norms(tmp_path, home):
     path = write_gemma(tmp_path / "gemma.gguf", save_tiny(tmp_path / "hf"), Q.Q8_0)
     q, ref = both(path)
     qc, rc = q.model.new_cache(64), ref.model.new_cache(64)
+    assert Generator(q.model, q.model.new_cache(64), q.tokenizer.vocab_size).cpu_step is not None
     step = CpuStep(q.model, qc)
     assert step.gemma and [layer.window for layer in step.layers] == [5, 5, 5, 5, 5, -1]
     ids = q.template.start("") + q.template.user_turn("hello there")

@@ -18,10 +18,11 @@ from model.kernels.cpu import native
 def build_cpu_step(model: torch.nn.Module, cache: KVCache) -> CpuStep | None:
     """The C step for a model whose linears are QLinears (a GGUF on the CPU's default path),
     else None (the eager forward decodes)."""
-    from model.llama import Llama  # lazy: model.llama imports the kvcache this module sits beside
+    from model.gemma import Gemma  # lazy: the model modules import the kvcache beside this one
+    from model.llama import Llama
     from model.quant.qlinear import QLinear
 
-    if not isinstance(model, Llama) or not isinstance(model.lm_head, QLinear) or native.library() is None:
+    if not isinstance(model, Llama | Gemma) or not isinstance(model.lm_head, QLinear) or native.library() is None:
         return None
     return CpuStep(model, cache)
 
