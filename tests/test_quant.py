@@ -6,6 +6,7 @@ through a chat with retry and undo."""
 from __future__ import annotations
 
 import ctypes
+import json
 
 import numpy as np
 import pytest
@@ -191,17 +192,29 @@ def test_threads_agree(mixed_gguf, home):
     torch.testing.assert_close(out[0], out[1], atol=1e-3, rtol=1e-3)
 
 
+def assert_quantized_invariant(s: Session) -> None:
+    """The cache holds tokens[:pos]: what a fresh prefill of them writes, to fp16 and the
+    decode step's int16 activations (the C step wrote most of these positions)."""
+    pos = s.cache.pos
+    fresh = s.lm.model.new_cache(s.cache.capacity)
+    with torch.no_grad():
+        s.lm.model(torch.tensor([s.tokens[:pos]]), fresh)
+    for got, want in ((s.cache.k_cache, fresh.k_cache), (s.cache.v_cache, fresh.v_cache)):
+        torch.testing.assert_close(got[:, :, :pos].float(), want[:, :, :pos].float(), atol=2e-2, rtol=2e-2)
+
+
 def test_quantized_session_chats_with_retry_and_undo(mixed_gguf, home):
     q, ref = both(mixed_gguf)
     s = Session(q, Settings(temperature=0.0, max_new_tokens=10), context=200)
     r = Session(ref, Settings(temperature=0.0, max_new_tokens=10), context=200)
     assert s.gen.cpu_step is not None and r.gen.cpu_step is None
-    for text in ("hello world", "what 1234"):
-        list(s.send(text)), list(r.send(text))
-    list(s.run_command("/retry")), list(r.run_command("/retry"))
-    list(s.run_command("/undo")), list(r.run_command("/undo"))
-    list(s.send("world hello")), list(r.send("world hello"))
-    assert s.tokens == r.tokens and s.cache.pos == r.cache.pos
+    steps = [("send", "hello world"), ("send", "what 1234"), ("cmd", "/retry"), ("cmd", "/undo"),
+             ("send", "world hello")]
+    for kind, text in steps:
+        for sess in (s, r):
+            list(sess.send(text) if kind == "send" else sess.run_command(text))
+        assert_quantized_invariant(s)
+        assert s.tokens == r.tokens and s.cache.pos == r.cache.pos
 
 
 @pytest.mark.parametrize("quantized", [True, False], ids=["quantized", "dequantized"])
@@ -246,3 +259,45 @@ def test_cpu_step_serves_gemma_windows_and_norms(tmp_path, home):
         q.model(torch.tensor([ids]), qc, last=True), ref.model(torch.tensor([ids]), rc, last=True)
         for tok in [5, 9, 11, 7, 13, 8, 10, 12, 9, 6, 14, 7]:   # well past the 6-key window
             assert_close_logits(step(tok), ref.model(torch.tensor([[tok]]), rc)[0, -1])
+
+
+def test_a_quantized_chat_resumes_from_its_snapshot(mixed_gguf, tmp_path, home):
+    """Headless, the CPU default path: /save, then --resume restores the fp16 cache from its
+    snapshot, and the next greedy reply equals the one the same chat gives in one process."""
+    import os
+    import subprocess
+    import sys
+
+    def headless(stdin: str, *extra: str, chats) -> list[dict]:
+        env = {**os.environ, "NANOCHAT_TUI_CHATS": str(chats)}
+        p = subprocess.run([sys.executable, "-m", "chatapp.cli", "--headless", "--model", str(mixed_gguf),
+                            "--temperature", "0", "--max-new-tokens", "6", *extra], input=stdin.encode(),
+                           capture_output=True, timeout=300, env=env)
+        assert p.returncode == 0, p.stderr.decode()[-2000:]
+        return [json.loads(line) for line in p.stdout.decode().splitlines()]
+
+    first = headless("hello\n/save\nsecond\n", chats=tmp_path / "a")
+    resumed = headless("third\n", "--resume", chats=tmp_path / "a")
+    whole = headless("hello\nsecond\nthird\n", chats=tmp_path / "b")
+    assert resumed[0]["restored_tokens"] == first[-1]["cache_seqlens"] and resumed[0]["reprefilled_tokens"] == 0
+    assert resumed[1]["cached_before"] == first[-1]["cache_seqlens"]
+    assert resumed[1]["reply"] == whole[-1]["reply"]
+
+
+def test_without_the_kernels_the_app_runs_dequantized_with_a_note(mixed_gguf, tmp_path, home):
+    """No C compiler (NANOCHAT_NATIVE=0 stands in for one): a one-line note, then the exact fp32
+    path chats as usual."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NANOCHAT_NATIVE": "0", "NANOCHAT_TUI_CHATS": str(tmp_path / "chats")}
+    p = subprocess.run([sys.executable, "-m", "chatapp.cli", "--headless", "--model", str(mixed_gguf),
+                        "--temperature", "0", "--max-new-tokens", "4"], input=b"hello\n", capture_output=True,
+                       timeout=300, env=env)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    note = [line for line in p.stderr.decode().splitlines() if "CPU kernels unavailable" in line]
+    assert note == ["nanochat-tui: note: CPU kernels unavailable (NANOCHAT_NATIVE=0); quantized models run "
+                    "dequantized to fp32 (slower, more memory)"]
+    turns = [e for e in map(json.loads, p.stdout.decode().splitlines()) if e["event"] == "turn"]
+    assert len(turns) == 1 and turns[0]["cache_seqlens"] > 0
