@@ -159,8 +159,8 @@ def test_headless_switch_prints_progress_and_the_new_model(tmp_path):
            "--max-new-tokens", "6"]
     stdin = "hello\n/model random:nope\n/model random:tiny-qwen3\nagain\n/model\n"
     # Its own model cache: the picker lists the user's converted GGUFs between the default and the recents.
-    p = subprocess.run(cmd, input=stdin.encode(), capture_output=True, timeout=120,
-                       env={**os.environ, "NANOCHAT_TUI_CHATS": str(chats), "NANOCHAT_TUI_HOME": str(tmp_path / "home")})
+    env = {**os.environ, "NANOCHAT_TUI_CHATS": str(chats), "NANOCHAT_TUI_HOME": str(tmp_path / "home")}
+    p = subprocess.run(cmd, input=stdin.encode(), capture_output=True, timeout=120, env=env)
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     ev = [json.loads(line) for line in p.stdout.decode().splitlines()]
     kinds = [e["event"] for e in ev]

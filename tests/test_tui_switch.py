@@ -30,7 +30,9 @@ async def pick(pilot, app, spec: str) -> None:
     await pilot.pause()
 
 
-async def test_palette_picker_and_model_command_switch_with_progress_and_a_new_header():
+async def test_palette_picker_and_model_command_switch_with_progress_and_a_new_header(tmp_path, monkeypatch):
+    # Its own model cache: the picker lists the user's converted GGUFs between the default and the recents.
+    monkeypatch.setenv("NANOCHAT_TUI_HOME", str(tmp_path / "home"))
     app = make_app("--temperature", "0")
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
