@@ -76,6 +76,23 @@ def attention_edges() -> None:
             rows.append(dict(d=d, splits=att.splits, block=b, pos=pos, live=live_splits(pos + 1, b, att.splits),
                              rel_err=float((out.double() - ref).norm() / ref.norm()),
                              counters_reset=bool((att.count == 0).all())))
+    # A sliding window read in place: W keys ending at the new one, W not a multiple of the block.
+    for d, splits in ((16, 2), (128, 4)):
+        att = DecodeAttention(4, 2, d, 200, "cpu", splits, window=200)
+        b, w = att.block_n, 200
+        cap = 4 * b + 64
+        k, v = torch.randn(cap, 2, d, generator=g), torch.randn(cap, 2, d, generator=g)
+        q = torch.randn(4, d, generator=g)
+        for pos in (0, w - 2, w - 1, w, w + 1, w + b - 1, cap - 1):
+            out = att(q, k, v, torch.tensor([pos], dtype=torch.int32), torch.empty(4 * d)).view(4, d)
+            lo = max(0, pos + 1 - w)
+            kk, vv = k[lo:pos + 1].double().repeat_interleave(2, 1), v[lo:pos + 1].double().repeat_interleave(2, 1)
+            p = torch.einsum("hd,thd->ht", q.double(), kk).mul(d ** -0.5).softmax(-1)
+            ref = torch.einsum("ht,thd->hd", p, vv)
+            rows.append(dict(d=d, splits=att.splits, block=b, pos=pos, window=w,
+                             live=live_splits(pos + 1 - lo, b, att.splits),
+                             rel_err=float((out.double() - ref).norm() / ref.norm()),
+                             counters_reset=bool((att.count == 0).all())))
     print(json.dumps(rows))
 
 

@@ -48,7 +48,7 @@ def test_fused_step_with_biases_or_head_norms_matches_eager(spec):
 def test_decode_attention_at_the_key_block_edges():
     """Split-KV attention alone against a float64 softmax wherever the newest key starts,
     ends or sits alone in a block or a split, with 64- and 128-key blocks and 1-24 live
-    splits (both shapes of the merge)."""
+    splits (both shapes of the merge); and sliding windows read in place, past their edge."""
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "kernels_interpret.py"), "attention"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -57,6 +57,7 @@ def test_decode_attention_at_the_key_block_edges():
     assert {r["splits"] for r in rows} == {1, 2, 4, 32} and {0, 63, 64, 127, 128, 129} <= {r["pos"] for r in rows}
     live = {r["live"] for r in rows}
     assert {1, 2, 3, 4} <= live and max(live) > 16   # both merge shapes, and the single split
+    assert {r["pos"] for r in rows if r.get("window")} >= {199, 200, 201}   # windows read in place
     for r in rows:
         assert r["rel_err"] < 1e-5 and r["counters_reset"], r
 

@@ -86,13 +86,19 @@ def _attend_block(q, k, v, nm, m, lsum, acc, qk_scale):
 def _decode_attn_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, lse_ptr, out_ptr, count_ptr, scale,
                         stride_t, stride_h,
                         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                        SPLITS: tl.constexpr, NH: tl.constexpr, GM: tl.constexpr, PDL: tl.constexpr):
+                        SPLITS: tl.constexpr, NH: tl.constexpr, GM: tl.constexpr, WINDOW: tl.constexpr,
+                        PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
     n = tl.load(pos_ptr) + 1                 # keys visible to the new token, itself included
-    nblocks = tl.cdiv(n, BLOCK_N)
+    # A sliding window (WINDOW keys, the new one included) starts the key range at n - WINDOW: the
+    # blocks tile [lo, n) exactly as they would tile a gathered copy of those keys.
+    lo = n * 0
+    if WINDOW > 0:
+        lo = tl.maximum(n - WINDOW, 0)
+    nblocks = tl.cdiv(n - lo, BLOCK_N)
     per = tl.cdiv(nblocks, SPLITS)
     active = tl.cdiv(nblocks, per)           # splits that own at least one block
     b0 = sp * per
@@ -104,7 +110,7 @@ def _decode_attn_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, lse_ptr, out_ptr,
     live = sp < active   # a split that owns no keys does nothing: the merge counts only live ones
     # Keys before the new token were written by earlier steps, so the first block streams in
     # before the wait; only the newest row (the previous kernel's write) is read after it.
-    offs_n = b0 * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = lo + b0 * BLOCK_N + tl.arange(0, BLOCK_N)
     kv_off = offs_n[:, None] * stride_t + kvh * stride_h + offs_d[None, :]
     old = offs_n < tl.where(live, n - 1, 0)   # a comparison, not a &: the interpreter wants a bool mask
     k = tl.load(kc_ptr + kv_off, mask=old[:, None], other=0.0)
@@ -129,7 +135,7 @@ def _decode_attn_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, lse_ptr, out_ptr,
         # splits of 2-3 blocks; and the CPU interpreter's range() cannot take a loaded bound.
         b = b0 + 1
         while b < b1:
-            offs_b = b * BLOCK_N + tl.arange(0, BLOCK_N)
+            offs_b = lo + b * BLOCK_N + tl.arange(0, BLOCK_N)
             nm = offs_b < n
             off = offs_b[:, None] * stride_t + kvh * stride_h + offs_d[None, :]
             kb = tl.load(kc_ptr + off, mask=nm[:, None], other=0.0)
@@ -171,7 +177,11 @@ def default_splits(n_kv: int, capacity: int) -> int:
 class DecodeAttention:
     """Buffers for one model's decode attention: partials, their LSEs and the per-head counters."""
 
-    def __init__(self, n_head: int, n_kv: int, head_dim: int, capacity: int, device, splits: int = 0):
+    def __init__(self, n_head: int, n_kv: int, head_dim: int, capacity: int, device, splits: int = 0,
+                 window: int = 0):
+        """`window` > 0: each query sees only its last `window` keys (itself included), read in place
+        from the cache; `capacity` is then the most keys a query sees (the window, if smaller)."""
+        self.window = window
         # a power of two: the merge loads every split's partials as one arange
         self.splits = triton.next_power_of_2(splits) if splits else default_splits(n_kv, capacity)
         self.o = torch.zeros(self.splits, n_head, head_dim, dtype=torch.float32, device=device)
@@ -191,5 +201,5 @@ class DecodeAttention:
             q, k_cache, v_cache, pos, self.o, self.lse, out, self.count,
             scale if scale is not None else self.hd ** -0.5, k_cache.stride(-3), k_cache.stride(-2),
             G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=self.hd, BLOCK_N=self.block_n, SPLITS=self.splits,
-            NH=self.n_head, GM=triton.next_power_of_2(g), PDL=pdl, num_warps=4, launch_pdl=pdl)
+            NH=self.n_head, GM=triton.next_power_of_2(g), WINDOW=self.window, PDL=pdl, num_warps=4, launch_pdl=pdl)
         return out

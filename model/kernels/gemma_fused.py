@@ -1,11 +1,14 @@
 """Gemma 3's decode step from the Llama step's fused Triton kernels, plus two small ones.
 
-Per layer: norm+QKV (`norm_gemv`, the norm's `1 + w` folded into an fp32 weight); per-head
-q/k norm + rotary (its layer type's table) + cache write (`head_norm_rope`); attention (a
-windowed layer reads a gathered copy of its last W keys, so the split-KV kernel or FA3 needs
-no window support); o_proj; post-attention norm + residual; norm+gate/up+GeGLU; down;
-post-feedforward norm + residual. The kernels round where the Llama step does, so this differs
-from the eager module (which rounds Gemma's norms once, at the end) by bf16 noise.
+Per layer, five kernels: [previous layer's post-feedforward norm + residual] + norm + QKV
+(`norm_gemv`, the norm's `1 + w` folded into an fp32 weight); per-head q/k norm + rotary (its
+layer type's table) + cache write (`head_norm_rope`); attention (a windowed layer's split-KV
+kernel reads its last W keys in place; FA3 builds without local attention read a gathered copy);
+o_proj; post-attention norm + residual + norm + gate/up + GeGLU; down. The post-norms need the
+whole sublayer output, so they ride at the head of the next `norm_gemv`, every program redoing
+the 640-wide norm and the first one storing the new residual into the other of two buffers.
+The kernels round where the Llama step does, so this differs from the eager module (which
+rounds Gemma's norms once, at the end) by bf16 noise.
 """
 
 from __future__ import annotations
@@ -92,7 +95,8 @@ class GemmaFusedStep:
     """Same contract as GemmaTorchStep: feed `tok` at cache_seqlens, write `logits`."""
 
     def __init__(self, model: Gemma, cache: KVCache, attn: str = "triton", splits: int = 0,
-                 num_splits: int = 1, pdl: bool = True):
+                 num_splits: int = 1, pdl: bool = True, win_splits: int = 0, head_add: bool = False,
+                 head_block: tuple[int, int] = (0, 0)):
         c = model.config
         self.model, self.cache, self.cfg = model, cache, c
         self.n_head, self.n_kv, self.hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
@@ -114,6 +118,7 @@ class GemmaFusedStep:
         self.emb_scale = float(torch.tensor(c.hidden_size ** 0.5, dtype=dt))
         self.tok = torch.zeros(1, dtype=torch.long, device=dev)
         self.x = torch.zeros(c.hidden_size, dtype=dt, device=dev)
+        self.x2 = torch.zeros_like(self.x)    # the residual alternates between x and x2
         self.t = torch.zeros(c.hidden_size, dtype=dt, device=dev)
         self.qkv = torch.zeros((self.n_head + 2 * self.n_kv) * self.hd, dtype=dt, device=dev)
         self.q = torch.zeros(self.n_head * self.hd, dtype=dt, device=dev)
@@ -133,20 +138,22 @@ class GemmaFusedStep:
         self.seqlens_full = torch.zeros(1, dtype=torch.int32, device=dev)
         self.seqlens_win = torch.zeros(1, dtype=torch.int32, device=dev)
         self.attn_full = DecodeAttention(self.n_head, self.n_kv, self.hd, cache.capacity, dev, splits)
-        self.attn_win = DecodeAttention(self.n_head, self.n_kv, self.hd, self.W, dev, splits)
+        # the split-KV kernel reads a window in place; FA3 (no local attention here) a gathered copy
+        self.attn_win = DecodeAttention(self.n_head, self.n_kv, self.hd, self.W, dev, win_splits or splits,
+                                        window=self.W)
+        self.head_add, self.head_block = head_add, head_block
         self.attn_name = self.flash.name if self.flash else "triton"
         self.pdl = pdl and pdl_supported(dev)
         self.name = f"fused+{self.attn_name}" + ("+pdl" if self.pdl else "")
 
     def _attend(self, i: int, sliding: bool, pos: torch.Tensor) -> torch.Tensor:
         kc, vc = self.cache.k_cache[i, 0], self.cache.v_cache[i, 0]
+        if self.flash is None:
+            return (self.attn_win if sliding else self.attn_full)(self.q, kc, vc, pos, self.attn_out, pdl=self.pdl)
         if sliding:  # the window's W keys (clamped at the start), copied in order
             torch.index_select(kc, 0, self.win_idx, out=self.kwin)
             torch.index_select(vc, 0, self.win_idx, out=self.vwin)
             kc, vc = self.kwin, self.vwin
-        if self.flash is None:
-            at = self.win_pos if sliding else pos
-            return (self.attn_win if sliding else self.attn_full)(self.q, kc, vc, at, self.attn_out, pdl=self.pdl)
         q = self.q.view(1, 1, self.n_head, self.hd)
         return self.flash.fn(q, kc[None], vc[None], cache_seqlens=self.seqlens_win if sliding else self.seqlens_full,
                              causal=True, num_splits=self.num_splits).view(-1)
@@ -155,26 +162,40 @@ class GemmaFusedStep:
         m, c = self.model, self.cache
         pos = c.cache_seqlens
         # window bookkeeping, once a step: keys [max(0, pos+1-W), ...], the query at min(pos, W-1)
-        start = (pos.long() + 1 - self.W).clamp_(min=0)
-        torch.add(self.win_base, start, out=self.win_idx)
-        torch.clamp(pos, max=self.W - 1, out=self.win_pos)
-        torch.add(pos, 1, out=self.seqlens_full)
-        torch.add(self.win_pos, 1, out=self.seqlens_win)
-        torch.index_select(m.model.embed_tokens.weight, 0, self.tok, out=self.x.view(1, -1))
-        self.x.mul_(self.emb_scale)
+        if self.flash is not None:
+            start = (pos.long() + 1 - self.W).clamp_(min=0)
+            torch.add(self.win_base, start, out=self.win_idx)
+            torch.clamp(pos, max=self.W - 1, out=self.win_pos)
+            torch.add(pos, 1, out=self.seqlens_full)
+            torch.add(self.win_pos, 1, out=self.seqlens_win)
+        x, x_next = self.x, self.x2
+        torch.index_select(m.model.embed_tokens.weight, 0, self.tok, out=x.view(1, -1))
+        x.mul_(self.emb_scale)
+        post = None   # the post-norm weight still to apply to self.t before x is the residual
         for i, L in enumerate(self.layers):
             kc, vc = c.k_cache[i, 0], c.v_cache[i, 0]
             cos, sin = self.rope[L.sliding]
-            norm_gemv(self.x, L.ln_in, L.wqkv, self.qkv, self.eps, pdl=self.pdl)
+            norm_gemv(x, L.ln_in, L.wqkv, self.qkv, self.eps, pdl=self.pdl,
+                      add=None if post is None else (self.t, post, x_next))
+            if post is not None:
+                x, x_next = x_next, x
             head_norm_rope(self.qkv, L.q_norm, L.k_norm, cos, sin, pos, self.q, kc, vc,
                            self.n_head, self.n_kv, self.eps, pdl=self.pdl)
             out = self._attend(i, L.sliding, pos)
             gemv_into(L.wo, out, self.t, self.pdl)
-            post_norm_add(self.t, L.ln_post_attn, self.x, self.eps, self.pdl)
-            norm_gemv(self.x, L.ln_pre_ffw, L.wgu, self.h, self.eps, ACT_GEGLU, self.pdl)
+            norm_gemv(x, L.ln_pre_ffw, L.wgu, self.h, self.eps, ACT_GEGLU, self.pdl,
+                      add=(self.t, L.ln_post_attn, x_next))
+            x, x_next = x_next, x
             gemv_into(L.wdown, self.h, self.t, self.pdl)
-            post_norm_add(self.t, L.ln_post_ffw, self.x, self.eps, self.pdl)
-        norm_gemv(self.x, self.final_norm, m.lm_head.weight, self.logits, self.eps, pdl=self.pdl)
+            post = L.ln_post_ffw
+        bn, warps = self.head_block
+        if self.head_add:
+            norm_gemv(x, self.final_norm, m.lm_head.weight, self.logits, self.eps, pdl=self.pdl,
+                      add=(self.t, post, x_next), block_n=bn, warps=warps)
+        else:
+            post_norm_add(self.t, post, x, self.eps, self.pdl)
+            norm_gemv(x, self.final_norm, m.lm_head.weight, self.logits, self.eps, pdl=self.pdl,
+                      block_n=bn, warps=warps)
         cap = self.cfg.final_logit_softcapping
         if cap:
             self.logits.div_(cap).tanh_().mul_(cap)

@@ -41,8 +41,9 @@ def load_vec(ptr, K: tl.constexpr, KP: tl.constexpr):
 
 
 @triton.jit
-def _norm_gemv_kernel(x_ptr, nw_ptr, w_ptr, out_ptr, N, eps, K: tl.constexpr, KP: tl.constexpr,
-                      ACT: tl.constexpr, HAS_NW: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+def _norm_gemv_kernel(x_ptr, nw_ptr, w_ptr, out_ptr, t_ptr, pw_ptr, xo_ptr, N, eps, K: tl.constexpr,
+                      KP: tl.constexpr, ACT: tl.constexpr, HAS_NW: tl.constexpr, ADD: tl.constexpr,
+                      BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # let the next kernel start now: it too only streams weights until its own wait
         tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -54,6 +55,14 @@ def _norm_gemv_kernel(x_ptr, nw_ptr, w_ptr, out_ptr, N, eps, K: tl.constexpr, KP
     if PDL:
         tl.extra.cuda.gdc_wait()
     x = load_vec(x_ptr, K, KP)
+    if ADD:  # Gemma's post-sublayer norm and residual add first: x += RMSNorm(t) * (1 + pw)
+        xdt = x_ptr.dtype.element_ty
+        t = load_vec(t_ptr, K, KP)
+        rt = 1.0 / tl.sqrt(tl.sum(t * t, 0) / K + eps)
+        x = (x + (t * rt * (1.0 + load_vec(pw_ptr, K, KP))).to(xdt).to(tl.float32)).to(xdt).to(tl.float32)
+        if tl.program_id(0) == 0:   # every program has the new residual; one writes it (elsewhere)
+            cols = tl.arange(0, KP)
+            tl.store(xo_ptr + cols, x.to(xdt), mask=cols < K)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / K + eps)
     if HAS_NW:
         x = x * load_vec(nw_ptr, K, KP)
@@ -118,13 +127,23 @@ def rows_per_program(n: int, k: int, mats: int = 1) -> int:
 
 
 def norm_gemv(x: torch.Tensor, norm_w: torch.Tensor | None, w: torch.Tensor, out: torch.Tensor,
-              eps: float, act: int = ACT_NONE, pdl: bool = False) -> torch.Tensor:
-    """out[:N] = act(RMSNorm(x) @ W.T); W is (N, K), or (2N, K) gate-then-up for SwiGLU and GeGLU."""
+              eps: float, act: int = ACT_NONE, pdl: bool = False,
+              add: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+              block_n: int = 0, warps: int = 0) -> torch.Tensor:
+    """out[:N] = act(RMSNorm(x) @ W.T); W is (N, K), or (2N, K) gate-then-up for SwiGLU and GeGLU.
+
+    `add` = (t, pw, x_out): first x_out = x + RMSNorm(t) * (1 + pw), rounded as Gemma's post-norm
+    and residual add are, and the product uses x_out. x_out must not be x: the programs all read
+    x while the first one writes x_out."""
     n, k = out.shape[-1], x.shape[-1]
-    bn = rows_per_program(n, k, 2 if act in (ACT_SWIGLU, ACT_GEGLU) else 1)
+    bn = block_n or rows_per_program(n, k, 2 if act in (ACT_SWIGLU, ACT_GEGLU) else 1)
+    t, pw, xo = add if add is not None else (x, x, x)
+    if add is not None and xo.data_ptr() == x.data_ptr():
+        raise ValueError("norm_gemv: the residual's new value needs a buffer of its own")
     _norm_gemv_kernel[(triton.cdiv(n, bn),)](
-        x, norm_w if norm_w is not None else x, w, out, n, eps, K=k, KP=triton.next_power_of_2(k),
-        ACT=act, HAS_NW=norm_w is not None, BLOCK_N=bn, PDL=pdl, num_warps=WARPS, launch_pdl=pdl)
+        x, norm_w if norm_w is not None else x, w, out, t, pw, xo, n, eps, K=k, KP=triton.next_power_of_2(k),
+        ACT=act, HAS_NW=norm_w is not None, ADD=add is not None, BLOCK_N=bn, PDL=pdl,
+        num_warps=warps or WARPS, launch_pdl=pdl)
     return out
 
 
