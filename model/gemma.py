@@ -24,10 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from kvcache import Attention, KVCache
-from model.layers import apply_rotary, embedding, rotary_tables
+from model.layers import GatedMLP, apply_rotary, embedding, gelu_tanh, rotary_tables
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -154,19 +153,6 @@ class GemmaRMSNorm(nn.Module):
         return (xf * (1.0 + self.weight.float())).to(x.dtype)
 
 
-class GeGLU(nn.Module):
-    """down(gelu_tanh(gate(x)) * up(x)): Gemma's MLP."""
-
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=False)
-        self.up_proj = nn.Linear(dim, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
-
-
 class GemmaAttention(nn.Module):
     def __init__(self, cfg: GemmaConfig, idx: int):
         super().__init__()
@@ -209,7 +195,7 @@ class GemmaBlock(nn.Module):
         self.self_attn = GemmaAttention(cfg, idx)
         self.post_attention_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.pre_feedforward_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GeGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, gelu_tanh)
         self.post_feedforward_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def after_attention(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ load with no renaming.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -99,17 +99,22 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
 
 
-class SwiGLU(nn.Module):
-    """down(silu(gate(x)) * up(x)): Llama's MLP."""
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
 
-    def __init__(self, dim: int, hidden: int):
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)): Llama's MLP with SiLU (SwiGLU), Gemma's with tanh GELU (GeGLU)."""
+
+    def __init__(self, dim: int, hidden: int, act: Callable[[torch.Tensor], torch.Tensor] = F.silu):
         super().__init__()
+        self.act = act
         self.gate_proj = nn.Linear(dim, hidden, bias=False)
         self.up_proj = nn.Linear(dim, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class ReLU2(nn.Module):

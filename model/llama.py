@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from kvcache import Attention, KVCache
-from model.layers import RMSNorm, SwiGLU, apply_rotary, embedding, llama3_freq_factors, rotary_tables
+from model.layers import GatedMLP, RMSNorm, apply_rotary, embedding, llama3_freq_factors, rotary_tables
 
 
 @dataclass
@@ -179,7 +179,7 @@ class LlamaBlock(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = SelfAttention(cfg, idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x, cos, sin, cache: KVCache, attn: Attention) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, attn)
