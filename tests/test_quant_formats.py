@@ -158,3 +158,25 @@ def test_types_without_a_kernel_run_dequantized_with_a_note(tmp_path, home):
                        timeout=300, env={**os.environ})
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     assert [line for line in p.stderr.decode().splitlines() if "no kernel" in line] == [note]
+
+
+def test_a_mixed_file_from_llama_quantize_chats_on_the_quantized_path(home):
+    """tests/data/tiny_llama_q3_k_m.gguf: the test suite's tiny Llama (random weights, F32),
+    quantized by llama.cpp's llama-quantize to Q3_K_M, its own mix (Q3_K, Q4_K and Q5_K layers,
+    a Q6_K head). Every matrix stays in the file's format, and a greedy chat through the C step
+    (the object the app decodes with) follows the fp32-dequantized reference token for token."""
+    from chatapp.chat.session import Session
+    from chatapp.chat.settings import Settings
+    from model.loading import LoadOptions, load_model
+
+    path = Path(__file__).parent / "data" / "tiny_llama_q3_k_m.gguf"
+    q, ref = load_model(str(path), LoadOptions(quantized=True)), load_model(str(path))
+    kinds = {m.kind for m in q.model.modules() if isinstance(m, QLinear)}
+    assert kinds == {"q3_k", "q4_k", "q5_k", "q6_k"}
+    s = Session(q, Settings(temperature=0.0, max_new_tokens=12), context=128)
+    r = Session(ref, Settings(temperature=0.0, max_new_tokens=12), context=128)
+    assert s.gen.cpu_step is not None and r.gen.cpu_step is None
+    for text in ("hello world", "what is 1234"):
+        for sess in (s, r):
+            list(sess.send(text))
+        assert s.tokens == r.tokens
