@@ -96,6 +96,10 @@ class QLinear(nn.Module):
         if not self.blocks:
             return (self.q if idx is None else self.q[idx]).float()
         if self.file_format:
+            if idx is None and (lib := native.library()) is not None:   # the C dequantizer: same bits, faster
+                out = torch.empty(self.out_features, self.in_features)
+                lib.qd_dequant(self.qw(), out.data_ptr(), torch.get_num_threads())
+                return out
             flat = None if idx is None else idx.reshape(-1)
             out = file_blocks.dequantize(self.kind, self.q if flat is None else self.q[flat])
             return out if idx is None else out.reshape(*idx.shape, self.in_features)
