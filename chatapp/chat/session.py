@@ -22,6 +22,7 @@ from chatapp.chat.attach import PASTED, Attachment, Attachments, Budget, file_co
 from chatapp.chat.clip import pick_reply, reply_text
 from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
 from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, TextDelta, ToolCall, Trimmed, TurnStats
+from chatapp.chat.respond import adopt_history, parse_messages
 from chatapp.chat.settings import Settings, parse_settings, settings_text
 from chatapp.chat.tools import ToolRunner
 from model.errors import UserError
@@ -138,6 +139,27 @@ class Session:
             yield from self.turn(text, new)
             self.attached.clear()  # sent with this message (one the model failed on keeps them)
         yield from self._undoable(turn())
+
+    def respond_to(self, messages: list[dict]) -> Iterator[Event]:
+        """An OpenAI-style message list (an optional system message, then user and assistant
+        messages in turn, ending with a user message): the history becomes those messages,
+        rewinding the cache to the longest token prefix it shares with them
+        (chatapp/chat/respond.py), and the last user message is sent as a turn. The events
+        are `send`'s: `cached_before` is the prefix reused, `prefill_tokens` what was not."""
+        saved = (list(self.tokens), list(self.exchanges), list(self.archive), self.settings.system)
+        try:
+            conv = parse_messages(messages)
+            if not conv.user.strip() or not is_text(conv.user):  # refused before anything moves
+                self.user_tokens(conv.user.strip(), first=False)
+            adopt_history(self, conv)
+            new = self.user_tokens(conv.user.strip(), first=not self.exchanges)
+        except UserError as e:
+            # the cache holds a prefix the old and new token lists share: the old one is valid
+            self.tokens, self.exchanges, self.archive, self.settings.system = saved
+            yield Error(str(e))
+            return
+        self.cancel_flag.clear()
+        yield from self._undoable(self.turn(conv.user.strip(), new))
 
     def user_tokens(self, text: str, first: bool) -> list[int]:
         """The tokens a user message adds (with the system prompt folded in when it is the
