@@ -1,0 +1,69 @@
+"""llama.cpp's own tokenizer tests (models/ggml-vocab-*.gguf with their .inp/.out cases, from the
+llama-cpp-python 0.3.36 sdist through the package index: tests/llama_vocab.py): every case gives
+llama.cpp's ids, through the tokenizer the app builds from a GGUF (the canonical directory's
+tokenizer.json, as the conversion writes it)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from llama_vocab import NAMES, cases, vocab_dir
+
+from model.bpe import tokenizer_from_json
+from model.loading.gguf_fast import FastReader
+from model.loading.gguf_meta import GGUFFile, tokenizer_files
+
+pytestmark = pytest.mark.slow   # a one-time 77 MB fetch, then about a second a vocabulary
+
+
+@pytest.fixture(scope="module")
+def folder():
+    return vocab_dir()
+
+
+def gguf_vocab(path) -> GGUFFile:
+    """The vocab file opened as the loader opens a GGUF (its architecture, e.g. gpt2, is not ours:
+    only the tokenizer is read)."""
+    reader = FastReader(path)
+    return GGUFFile(path, reader, reader.values)
+
+
+_built: dict = {}
+
+
+def our_tokenizer(folder, name, tmp_path_factory):
+    if name not in _built:
+        tok_json, config = tokenizer_files(gguf_vocab(folder / f"ggml-vocab-{name}.gguf"))
+        out = tmp_path_factory.mktemp(name)
+        (out / "tokenizer.json").write_text(json.dumps(tok_json), encoding="utf-8")
+        _built[name] = (tokenizer_from_json(out / "tokenizer.json", config), config)
+    return _built[name]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_llama_cpp_case_gives_llama_cpps_ids(folder, name, tmp_path_factory):
+    tok, _ = our_tokenizer(folder, name, tmp_path_factory)
+    got = cases(folder, name)
+    assert len(got) == 46
+    wrong = [(text, ids, tok.encode(text)) for text, ids in got if tok.encode(text) != ids]
+    assert not wrong, f"{len(wrong)}/46 differ, first: {wrong[0]}"
+    for text, ids in got:   # and the ids read back as the text, whole or streamed a token at a time
+        if "\ufffd" in tok.decode(ids):
+            continue   # a case that is not valid text on its own (llama.cpp's tests have a few)
+        assert tok.decode(ids) == text, text
+        stream = tok.stream_decoder()
+        assert stream.push_many(ids) + stream.flush() == text, text
+
+
+def test_sentencepiece_vocabulary_details(folder, tmp_path_factory):
+    """Llama 2's vocabulary: <s>/</s> as BOS/EOS, <0xXX> byte fallback, the dummy prefix."""
+    tok, config = our_tokenizer(folder, "llama-spm", tmp_path_factory)
+    assert (tok.bos_id, tok.eos_id, tok.vocab_size) == (1, 2, 32000)
+    assert config["add_bos_token"] is True and config["nanochat_tui_end_tokens"] == ["</s>"]
+    space = tok.pieces.index("\u2581")   # the dummy prefix, then the character's four byte tokens
+    assert tok.encode("𒀀") == [space, 0xF0 + 3, 0x92 + 3, 0x80 + 3, 0x80 + 3]
+    assert [tok.pieces[i] for i in tok.encode("Hello world")] == ["\u2581Hello", "\u2581world"]
+    assert tok.encode("<s>") != [1] and 1 not in tok.encode("</s> <s>")   # typed control tokens are text
+    assert tok.encode_rendered("<s>[INST] Hi [/INST]")[0] == 1
+    assert tok.decode(tok.encode("  two spaces")) == "  two spaces"
