@@ -43,6 +43,7 @@ class SPMTokenizer(Tokenizer):
     def __init__(self, hf, bos: str | None = None, eos: str | None = None, name: str = "spm",
                  prefix_space: bool = False):
         self.hf, self.enc, self.name, self.prefix_space = hf, None, name, prefix_space
+        self._unprefixed = None
         self.hf.encode_special_tokens = True
         self.special = {t.content: i for i, t in hf.get_added_tokens_decoder().items() if t.special}
         for s in (bos, eos):
@@ -65,7 +66,14 @@ class SPMTokenizer(Tokenizer):
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids if text else []
 
-    def encode_rendered(self, text: str) -> list[int]:
+    def encode_rendered(self, text: str, continuing: bool = False) -> list[int]:
+        if continuing and self.prefix_space and text:
+            # After a reply the model wrote, text up to the next special token goes on where the
+            # reply stopped: no dummy prefix there (llama.cpp puts one only after special tokens).
+            m = self._split.search(text) if self._split else None
+            head, rest = (text[:m.start()], text[m.start():]) if m else (text, "")
+            ids = self.hf_unprefixed().encode(head, add_special_tokens=False).ids if head else []
+            return ids + self.encode_rendered(rest)
         if self._split is None or not text:
             return self.encode(text)
         # One call with special tokens matched: the library then applies a dummy prefix
@@ -75,6 +83,19 @@ class SPMTokenizer(Tokenizer):
             return self.hf.encode(text, add_special_tokens=False).ids
         finally:
             self.hf.encode_special_tokens = True
+
+    def hf_unprefixed(self):
+        """The same tokenizer without the dummy prefix, built on first use."""
+        if self._unprefixed is None:
+            from tokenizers import Tokenizer as HFTokenizer  # lazy, as in spm_from_json
+            data = json.loads(self.hf.to_str())
+            if data.get("normalizer") == LLAMA_NORMALIZER:
+                data["normalizer"] = GEMMA_NORMALIZER
+            elif (data.get("pre_tokenizer") or {}).get("type") == "Metaspace":
+                data["pre_tokenizer"]["prepend_scheme"] = "never"
+            self._unprefixed = HFTokenizer.from_str(json.dumps(data))
+            self._unprefixed.encode_special_tokens = True
+        return self._unprefixed
 
     def decode(self, ids: list[int]) -> str:
         text = b"".join(self._bytes[i] for i in ids).decode("utf-8", errors="replace")

@@ -1,6 +1,6 @@
 """llama.cpp's own tokenizer test files (models/ggml-vocab-*.gguf with .inp/.out cases), taken
 from the llama-cpp-python sdist on the package index: fetched once with pip, checked against its
-pinned sha256, and the few files the tests read kept in the cache (`$NANOCHAT_LLAMA_VOCAB` names
+pinned sha256, and the few files the tests read kept in ~/.cache/nanochat-tui-tests (`$NANOCHAT_LLAMA_VOCAB` names
 a folder that already holds them). Offline, the tests that need them skip, saying why."""
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-from model.paths import cache_root
 
 SDIST = "llama-cpp-python==0.3.36"
 SDIST_FILE = "llama_cpp_python-0.3.36.tar.gz"
@@ -36,7 +34,9 @@ def vocab_dir() -> Path:
     local = os.environ.get("NANOCHAT_LLAMA_VOCAB")
     if local:
         return Path(local)
-    dest = cache_root() / "test-data" / "llama-cpp-python-0.3.36-vocab"
+    # Not under $NANOCHAT_TUI_HOME: tests point that at temp dirs, and the files should stay.
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    dest = base / "nanochat-tui-tests" / "llama-vocab-0.3.36"
     if _files(dest):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
