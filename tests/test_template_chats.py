@@ -143,3 +143,24 @@ def test_headless_two_turns_on_mistrals_template(models, home):
     one, two = turns
     assert two["cached_before"] == one["cache_seqlens"] > one["prefill_tokens"]   # turn 1 stays cached
     assert two["prefill_tokens"] < one["prefill_tokens"] + 12   # its message, [INST] and the closing </s>
+
+
+def test_a_whole_template_chat_reopens_with_its_ids_and_cache(models, tmp_path):
+    from chatapp.store.database import ChatStore
+    from chatapp.store.keeper import ChatKeeper
+
+    lm = models("Mistral")
+    store = ChatStore(tmp_path / "chats")
+    k = ChatKeeper(Session(lm, Settings(temperature=0.0, max_new_tokens=5), context=512), store)
+    for text in ("one", "two"):
+        turn_of(k.send(text))
+    tokens, pos = list(k.session.tokens), k.session.cache.pos
+    again = ChatKeeper(Session(lm, Settings(temperature=0.0, max_new_tokens=5), context=512), store)
+    restored, errors = again.open(k.chat_id)
+    assert not errors and "re-rendered" not in restored.detail, restored
+    assert again.session.tokens == tokens and again.session.cache.pos == pos
+    assert_invariant(again.session)
+    st = turn_of(again.send("three"))
+    assert st.cached_before == pos   # the reopened chat goes on from its cache
+    assert_invariant(again.session)
+    store.close()

@@ -51,11 +51,23 @@ def adopt(s: Session, r: Rendered, exchanges: list[Exchange]) -> None:
     keep = common_prefix(s.tokens[:s.cache.pos], r.tokens)
     s.truncate(keep)
     s.tokens = list(r.tokens)
-    prev = len(s.template.start(s.system)) if exchanges else 0
-    for ex, (a, b) in zip(exchanges, r.replies, strict=True):
-        ex.start, ex.reply_start, ex.end = min(prev, len(s.tokens)), a, b
-        prev = b if b >= 0 else prev
+    place(s.template, s.system, r, exchanges)
     s.exchanges = list(exchanges)
+
+
+def place(template, system: str, r: Rendered, exchanges: list[Exchange]) -> None:
+    """Give `exchanges` (those `r` was rendered from) their spans in r.tokens."""
+    prev = len(template.start(system)) if exchanges else 0
+    for ex, (a, b) in zip(exchanges, r.replies, strict=True):
+        ex.start, ex.reply_start, ex.end = min(prev, len(r.tokens)), a, b
+        prev = b if b >= 0 else prev
+
+
+def rendered(template, system: str, pairs: list[Pair], exchanges: list[Exchange]) -> list[int]:
+    """The closed chat's tokens for `pairs`, `exchanges` placed in them (a reopened chat)."""
+    r = template.render(system, pairs, None) if pairs else Rendered(template.start(system), [])
+    place(template, system, r, exchanges)
+    return r.tokens
 
 
 def sync(s: Session, user: str | None) -> None:
