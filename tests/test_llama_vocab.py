@@ -6,6 +6,10 @@ tokenizer.json, as the conversion writes it)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import unicodedata
+from pathlib import Path
 
 import pytest
 from llama_vocab import NAMES, cases, vocab_dir
@@ -30,6 +34,7 @@ def gguf_vocab(path) -> GGUFFile:
 
 
 _built: dict = {}
+CORPUS = Path(__file__).parent / "data" / "tokenizer_corpus.jsonl"
 
 
 def our_tokenizer(folder, name, tmp_path_factory):
@@ -67,3 +72,29 @@ def test_sentencepiece_vocabulary_details(folder, tmp_path_factory):
     assert tok.encode("<s>") != [1] and 1 not in tok.encode("</s> <s>")   # typed control tokens are text
     assert tok.encode_rendered("<s>[INST] Hi [/INST]")[0] == 1
     assert tok.decode(tok.encode("  two spaces")) == "  two spaces"
+
+
+LLAMA_TOKENIZE = os.environ.get("NANOCHAT_LLAMA_TOKENIZE", "")
+
+
+@pytest.mark.skipif(not (LLAMA_TOKENIZE and Path(LLAMA_TOKENIZE).is_file()),
+                    reason="set NANOCHAT_LLAMA_TOKENIZE to a llama-tokenize binary (llama.cpp's tools; "
+                           "../shared/peers/llama-bench.sh builds it) to compare with llama.cpp itself")
+@pytest.mark.parametrize("name", NAMES)
+def test_the_corpus_gives_llama_tokenizes_ids(folder, name, tmp_path_factory, tmp_path):
+    """The shared corpus (scripts, code, emoji, whitespace), a text per string and all of it as one,
+    through llama.cpp's own llama-tokenize: user text, no BOS, special tokens not parsed. Qwen's
+    tokenizer.json normalizes to NFC and so do we; llama.cpp does not, so it gets the NFC text
+    (the one deliberate difference, docs/tokenizers.md)."""
+    tok, _ = our_tokenizer(folder, name, tmp_path_factory)
+    texts = [json.loads(line)["text"] for line in CORPUS.read_text(encoding="utf-8").splitlines()]
+    picked = texts[::13] + ["\n\n".join(texts)]
+    for i, text in enumerate(picked):
+        prompt = tmp_path / f"p{i}.txt"
+        prompt.write_text(unicodedata.normalize("NFC", text) if name == "qwen2" else text, encoding="utf-8")
+        out = subprocess.run([LLAMA_TOKENIZE, "-m", str(folder / f"ggml-vocab-{name}.gguf"), "-f", str(prompt),
+                              "--ids", "--no-bos", "--no-parse-special", "--log-disable"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-300:]
+        want = json.loads(out.stdout.strip().splitlines()[-1])
+        assert tok.encode(text) == want, (name, text[:60])
