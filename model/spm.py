@@ -44,6 +44,7 @@ class SPMTokenizer(Tokenizer):
                  prefix_space: bool = False):
         self.hf, self.enc, self.name, self.prefix_space = hf, None, name, prefix_space
         self._unprefixed = None
+        self.fast = None   # set by spm_from_json for Llama 2's shape
         self.hf.encode_special_tokens = True
         self.special = {t.content: i for i, t in hf.get_added_tokens_decoder().items() if t.special}
         for s in (bos, eos):
@@ -64,6 +65,8 @@ class SPMTokenizer(Tokenizer):
         return len(self.pieces)
 
     def encode(self, text: str) -> list[int]:
+        if self.fast is not None:   # the same ids on tiktoken (model/spm_fast.py)
+            return self.fast.encode(text)
         return self.hf.encode(text, add_special_tokens=False).ids if text else []
 
     def encode_rendered(self, text: str, continuing: bool = False) -> list[int]:
@@ -183,5 +186,22 @@ def spm_from_json(path: Path, text: str, data: dict, tokenizer_config: dict) -> 
     def name(v):
         return v.get("content") if isinstance(v, dict) else v
 
-    return SPMTokenizer(hf, name(tokenizer_config.get("bos_token")), name(tokenizer_config.get("eos_token")),
-                        Path(path).parent.name or "spm", prefix)
+    tok = SPMTokenizer(hf, name(tokenizer_config.get("bos_token")), name(tokenizer_config.get("eos_token")),
+                       Path(path).parent.name or "spm", prefix)
+    tok.fast = fast_path(data)
+    return tok
+
+
+def fast_path(data: dict):
+    """tiktoken for Llama 2's shape (model/spm_fast.py says when that is exact), else None."""
+    from model.spm_fast import build_fast_spm  # lazy: tiktoken's Encoding is built only here
+
+    model, added = data["model"], data.get("added_tokens") or []
+    if (data.get("normalizer") != LLAMA_NORMALIZER or data.get("pre_tokenizer") not in (None, LLAMA_SPLIT)
+            or any(not a.get("special") for a in added) or model.get("ignore_merges") or model.get("dropout")):
+        return None
+    vocab = model["vocab"]
+    if data.get("pre_tokenizer") is None and any(SPACE in p.lstrip(SPACE) for p in vocab):
+        return None   # a piece runs across the start of a run of spaces: the cut would not be exact
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
+    return build_fast_spm(vocab, merges, True, {a["content"] for a in added})

@@ -121,3 +121,18 @@ def test_llama3_on_tiktoken_equals_tokenizers_on_its_merge_list(folder, tmp_path
             a = rng.choice(alphabets)
             text = "".join(rng.choice(a) for _ in range(rng.randint(1, 40)))
         assert tok.encode(text) == ref.encode(text, add_special_tokens=False).ids, repr(text)
+
+
+def test_llama2_on_tiktoken_equals_tokenizers(folder, tmp_path_factory):
+    """Llama 2's SentencePiece vocabulary encodes on tiktoken (model/spm_fast.py): the corpus and
+    random text with unknown characters, spaces and ▁ give `tokenizers`' ids for the same file."""
+    import random
+
+    tok, _ = our_tokenizer(folder, "llama-spm", tmp_path_factory)
+    assert tok.fast is not None
+    texts = [json.loads(line)["text"] for line in CORPUS.read_text(encoding="utf-8").splitlines()]
+    rng = random.Random(1)
+    alphabet = " \t\nab\u2581ñ漢😀<>_.é𒀀"
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 30))) for _ in range(3000)]
+    for text in texts:
+        assert tok.encode(text) == tok.hf.encode(text, add_special_tokens=False).ids, repr(text)
