@@ -85,9 +85,10 @@ class Generator:
             self.graphs.settle()
         if self.prefill_graphs is not None and ids:
             self._prefill_graphs(ids)
-        for i in range(0, len(ids) if self.prefill_graphs is None else 0, self.prefill_chunk):
-            chunk = torch.tensor([ids[i:i + self.prefill_chunk]], dtype=torch.long, device=self.device)
-            self.logits = self.model(chunk, self.cache, last=True)[0, -1, :self.vocab_size]
+        else:
+            for i in range(0, len(ids), self.prefill_chunk):
+                chunk = torch.tensor([ids[i:i + self.prefill_chunk]], dtype=torch.long, device=self.device)
+                self.logits = self.model(chunk, self.cache, last=True)[0, -1, :self.vocab_size]
         if self.graphs is not None and ids:
             self.graphs.load_logits(self.logits, ids[-1])
             self.logits = self.graphs.logits
