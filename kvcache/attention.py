@@ -26,6 +26,12 @@ def available_backends() -> list[str]:
     return found + ["sdpa"]
 
 
+def window_kernel_runs(q: torch.Tensor) -> bool:
+    """The Triton window kernel needs CUDA, Triton, and bf16 tensor-core products (sm_80+)."""
+    return (q.is_cuda and torch.cuda.get_device_capability(q.device) >= (8, 0)
+            and importlib.util.find_spec("triton") is not None)
+
+
 class Attention:
     """Routes each attention call to the chosen flash backend or to SDPA."""
 
@@ -70,8 +76,7 @@ class Attention:
     @staticmethod
     def windowed_kernel(q: torch.Tensor, window_size: tuple[int, int], softcap: float, cache: KVCache) -> bool:
         """Whether a request goes to the Triton window kernel (CUDA, a window, no softcap, B=1)."""
-        return (q.is_cuda and window_size[0] >= 0 and softcap == 0 and cache.batch_size == 1
-                and importlib.util.find_spec("triton") is not None)
+        return window_size[0] >= 0 and softcap == 0 and cache.batch_size == 1 and window_kernel_runs(q)
 
     def _window(self, q, k, v, cache: KVCache, layer_idx: int, window_left: int) -> torch.Tensor:
         from kvcache.window_attention import window_attention  # lazy: imports triton

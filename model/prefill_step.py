@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from kvcache import Attention, KVCache
+from kvcache.attention import window_kernel_runs
 from model.gemma import Gemma
 from model.llama import Llama
 
@@ -25,8 +26,9 @@ from model.llama import Llama
 class PrefillAttention:
     """Causal attention of the bucket's queries over one layer's cache, their K/V already written.
     Flash where it serves the window (key count from the device), else the Triton window kernel
-    (kvcache/window_attention.py), which reads only the window and serves full layers too. Off
-    CUDA (tests of the step itself) SDPA masks over the whole capacity."""
+    (kvcache/window_attention.py), which reads only the window and serves full layers too. Where
+    that cannot run (the CPU, in tests of the step itself; GPUs before sm_80) SDPA masks over the
+    whole capacity."""
 
     def __init__(self, attn: Attention, cache: KVCache, num_splits: int = 1):
         probe = torch.empty(1, 1, 1, 1, device=cache.device, dtype=cache.dtype)
@@ -41,7 +43,7 @@ class PrefillAttention:
             self.names.add(self.flash.name)
             return self.flash.fn(q, kc, vc, cache_seqlens=seqlens_k, causal=True, window_size=window,
                                  num_splits=self.num_splits)
-        if not q.is_cuda:
+        if not window_kernel_runs(q):
             return self.masked(q, kc, vc, start, window[0])
         from kvcache.window_attention import window_attention  # lazy: imports triton
 
