@@ -136,3 +136,15 @@ def test_llama2_on_tiktoken_equals_tokenizers(folder, tmp_path_factory):
     texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 30))) for _ in range(3000)]
     for text in texts:
         assert tok.encode(text) == tok.hf.encode(text, add_special_tokens=False).ids, repr(text)
+
+
+def test_a_file_of_an_architecture_we_do_not_run_is_refused_in_one_line(folder):
+    """llama.cpp's gpt-2 vocab file declares general.architecture gpt2: loading it names that."""
+    from model.errors import ModelLoadError
+    from model.loading import load_model
+
+    with pytest.raises(ModelLoadError) as e:
+        load_model(str(folder / "ggml-vocab-gpt-2.gguf"))
+    msg = str(e.value)
+    assert "GGUF architecture 'gpt2' is not supported (supported: llama, qwen2, qwen3, gemma3)" in msg
+    assert "\n" not in msg
