@@ -164,3 +164,22 @@ def test_a_whole_template_chat_reopens_with_its_ids_and_cache(models, tmp_path):
     assert st.cached_before == pos   # the reopened chat goes on from its cache
     assert_invariant(again.session)
     store.close()
+
+
+def test_respond_to_on_a_whole_template_reuses_the_cached_prefix(models):
+    """Session.respond_to (the server's entry point) on Mistral's template: a client that sends back
+    the chat plus one message prefills only that; an edited first message recomputes from it."""
+    lm = models("Mistral")
+    s = Session(lm, Settings(temperature=0.0, max_new_tokens=5), context=512)
+    msgs = [{"role": "user", "content": "Hello there"}]
+    first = turn_of(s.respond_to(msgs))
+    assert first.cached_before == 0
+    assert_invariant(s)
+    msgs += [{"role": "assistant", "content": first.reply}, {"role": "user", "content": "And then?"}]
+    pos = s.cache.pos
+    second = turn_of(s.respond_to(msgs))
+    assert second.cached_before == pos and len(s.exchanges) == 2
+    assert_invariant(s)
+    third = turn_of(s.respond_to([{"role": "user", "content": "Something else"}]))
+    assert third.cached_before < pos and [ex.user for ex in s.exchanges] == ["Something else"]
+    assert_invariant(s)
