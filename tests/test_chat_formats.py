@@ -162,7 +162,7 @@ def test_a_template_that_raises_is_refused_in_one_line():
     with pytest.raises(ValueError) as e:
         template_for(trained(SMOL)[0], "{{ raise_exception('no system role') }}<|im_start|>")
     msg = str(e.value)
-    assert msg.startswith("chat template not supported: it fails on a plain chat (TemplateError: no system role")
+    assert msg.startswith("chat template not supported: it fails on a plain chat (no system role)")
     assert "\n" not in msg and len(msg) < 300, msg
 
 

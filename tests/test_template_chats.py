@@ -183,3 +183,19 @@ def test_respond_to_on_a_whole_template_reuses_the_cached_prefix(models):
     third = turn_of(s.respond_to([{"role": "user", "content": "Something else"}]))
     assert third.cached_before < pos and [ex.user for ex in s.exchanges] == ["Something else"]
     assert_invariant(s)
+
+
+def test_a_template_without_a_system_role_refuses_one_in_one_line(models):
+    """Mistral v0.2's template raises on a system message: /system and a message list with one get
+    one line, and the chat stays as it was."""
+    from chatapp.chat.events import Error
+
+    s = Session(models("Mistral"), Settings(temperature=0.0, max_new_tokens=4), context=512)
+    turn_of(s.send("Hello"))
+    before = (list(s.tokens), s.cache.pos)
+    events = list(s.run_command("/system Be brief."))
+    assert [type(e) for e in events] == [Error] and "refuses this chat" in events[0].message
+    events = list(s.respond_to([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]))
+    assert [type(e) for e in events] == [Error] and "\n" not in events[0].message
+    assert (list(s.tokens), s.cache.pos) == before
+    assert_invariant(s)

@@ -211,6 +211,9 @@ class Session:
             self.gen.forget()
             reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
             yield self.state("undone")
+            if isinstance(e, UserError):   # the chat template refused the chat (chat_formats/whole.py)
+                yield Error(f"{reason}; the chat is as it was before this message")
+                return
             yield Error(f"the model failed during this turn ({type(e).__name__}: {reason}); "
                         f"the chat is as it was before it")
 

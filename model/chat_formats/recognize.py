@@ -17,6 +17,7 @@ import jinja2
 
 from model.chat_formats.jinja_env import render
 from model.chat_formats.whole import PLAIN_CHAT, TemplateFormat
+from model.errors import UserError
 from model.templates import ChatML, ChatTemplate, GemmaFormat, Llama3, Qwen3, encode_rendered, strftime_now
 from model.tokenizer import Tokenizer
 
@@ -138,10 +139,9 @@ def whole_format(tok: Tokenizer, source: str, default_system: str = "") -> ChatT
     try:
         fmt.render("", [(USERS[0], REPLIES[0], None)], USERS[1])   # no system prompt: some have no system role
         fmt.render("", [(USERS[0], REPLIES[0], None)], None)
-    except jinja2.TemplateError as e:
-        first = str(e).splitlines()[0][:120] if str(e) else ""
-        raise ValueError(f"chat template not supported: it fails on a plain chat ({type(e).__name__}: "
-                         f"{first})") from None
+    except UserError as e:
+        why = str(e).removeprefix("the model's chat template refuses this chat: ")
+        raise ValueError(f"chat template not supported: it fails on a plain chat ({why})") from None
     return fmt
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import jinja2
 
 from model.chat_formats.jinja_env import render
+from model.errors import UserError
 from model.templates import ChatTemplate, strftime_now
 
 HOLE = "\ue000{}\ue001"   # private-use characters: never in a template, never in the chat's text
@@ -60,13 +61,17 @@ class TemplateFormat(ChatTemplate):
             msgs += [{"role": "user", "content": u}, {"role": "assistant", "content": r}]
         if user is not None:
             msgs.append({"role": "user", "content": user})
-        return render(self.source, msgs, strftime_now, add_generation_prompt=user is not None, **self.special)
+        try:
+            return render(self.source, msgs, strftime_now, add_generation_prompt=user is not None, **self.special)
+        except jinja2.TemplateError as e:   # the template's own refusal (no system role, roles out of turn)
+            first = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+            raise UserError(f"the model's chat template refuses this chat: {first}") from None
 
     def _end_marker(self) -> list[int]:
         """The special tokens the template writes right after a reply (its end-of-turn marker)."""
         try:
             text = self._text(None, [("hi", HOLE.format(0))], None)
-        except jinja2.TemplateError:
+        except UserError:
             return []
         after = text.split(HOLE.format(0), 1)[-1]
         ids = self.tok.encode_rendered(after, continuing=True) if HOLE.format(0) in text else []
@@ -113,7 +118,7 @@ class TemplateFormat(ChatTemplate):
         first = self.render(system, [], "\ue002").tokens
         try:
             alone = self.tok.encode_rendered(self._text(system, [], None))
-        except jinja2.TemplateError:
+        except UserError:
             return []
         n = next((i for i, (a, b) in enumerate(zip(alone, first, strict=False)) if a != b), min(len(alone),
                                                                                              len(first)))
