@@ -68,9 +68,18 @@ def run_bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+def run_serve(argv: list[str]) -> int:
+    from chatapp.serve.flags import parse  # no torch: a refused flag is answered at once
+
+    args = parse(argv)
+    from chatapp.serve.main import run  # lazy: imports torch and uvicorn
+
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    runners = {"pull": run_pull, "tokenize": run_tokenize, "bench": run_bench}
+    runners = {"pull": run_pull, "tokenize": run_tokenize, "bench": run_bench, "serve": run_serve}
     try:
         if argv and argv[0] in runners:
             return runners[argv[0]](argv[1:])

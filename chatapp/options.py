@@ -11,7 +11,7 @@ import argparse
 
 from chatapp.chat.settings import DEFAULTS
 
-SUBCOMMANDS = ("pull", "tokenize", "bench")
+SUBCOMMANDS = ("pull", "tokenize", "bench", "serve")
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -25,6 +25,15 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-tag", help="nanochat: model tag such as d20")
 
 
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    d = DEFAULTS
+    p.add_argument("--max-new-tokens", type=int, help=f"reply length limit (default: {d['max_new_tokens']})")
+    p.add_argument("--temperature", type=float, help=f"0 is greedy (default: {d['temperature']})")
+    p.add_argument("--top-k", type=int, help=f"0 is off (default: {d['top_k']})")
+    p.add_argument("--top-p", type=float, help=f"nucleus sampling (default: {d['top_p']})")
+    p.add_argument("--seed", type=int)
+
+
 def chat_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nanochat-tui", description="Chat with a small local model. "
                                 f"Subcommands: {', '.join(SUBCOMMANDS)} (nanochat-tui SUBCOMMAND -h).")
@@ -32,16 +41,11 @@ def chat_parser() -> argparse.ArgumentParser:
     p.add_argument("--headless", action="store_true", help="read stdin, write JSON lines")
     p.add_argument("--jsonl", action="store_true",
                    help='headless, with input as {"user": ...} / {"command": ...} lines')
-    d = DEFAULTS
-    p.add_argument("--max-new-tokens", type=int, help=f"reply length limit (default: {d['max_new_tokens']})")
-    p.add_argument("--temperature", type=float, help=f"0 is greedy (default: {d['temperature']})")
-    p.add_argument("--top-k", type=int, help=f"0 is off (default: {d['top_k']})")
-    p.add_argument("--top-p", type=float, help=f"nucleus sampling (default: {d['top_p']})")
-    p.add_argument("--seed", type=int)
+    add_sampling_options(p)
     p.add_argument("--system", help="system prompt (default: the model's own)")
     p.add_argument("--context", type=int, help="KV cache capacity in tokens (default: the model's context)")
     p.add_argument("--low-water", type=float, help="when the context fills, drop old exchanges down to this share "
-                   f"of it, so the re-prefill is rare; 1 drops just enough (default: {d['low_water']})")
+                   f"of it, so the re-prefill is rare; 1 drops just enough (default: {DEFAULTS['low_water']})")
     stored = p.add_mutually_exclusive_group()
     stored.add_argument("--chat", type=int, metavar="ID", help="continue stored chat ID")
     stored.add_argument("--resume", action="store_true", help="continue the last chat")

@@ -17,7 +17,7 @@ from collections.abc import Generator as Yields
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from chatapp.chat import trim
+from chatapp.chat import prefix, trim
 from chatapp.chat.attach import PASTED, Attachment, Attachments, Budget, file_command
 from chatapp.chat.clip import pick_reply, reply_text
 from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
@@ -137,6 +137,35 @@ class Session:
         def turn() -> Iterator[Event]:
             yield from self.turn(text, new)
             self.attached.clear()  # sent with this message (one the model failed on keeps them)
+        yield from self._undoable(turn())
+
+    def respond_to(self, messages: list[dict]) -> Iterator[Event]:
+        """A whole OpenAI-style conversation (ending with a user message) in, the reply out.
+        Renders it with the model's chat format (chatapp/chat/prefix.py), rewinds the cache to
+        the longest common token prefix, prefills the rest and decodes: the same events as
+        `send`, with `TurnStats.cached_before` = the reused prefix. Messages that are not a
+        conversation, or one that does not fit the context: one Error, nothing changed."""
+        try:
+            system, pairs, user = prefix.split_conversation(messages)
+        except prefix.BadMessages as e:
+            yield Error(str(e))
+            return
+        system = self.template.default_system if system is None else system
+        tokens, spans = prefix.render(self, system, pairs, user)
+        if len(tokens) + 1 > self.cache.capacity:
+            yield Error(f"the conversation is {len(tokens)} tokens and the context holds {self.cache.capacity} "
+                        "(with at least one for the reply)")
+            return
+        keep = prefix.common_prefix(tokens, self.tokens[:self.cache.pos])
+
+        def turn() -> Iterator[Event]:
+            self.cancel_flag.clear()
+            self.truncate(keep)
+            self.settings.system = system
+            self.tokens, self.archive = tokens, []
+            self.exchanges = [Exchange(sp.user, sp.start, sp.reply_start, sp.end, sp.reply, sp.tool_calls)
+                              for sp in spans]
+            yield from self._reply()
         yield from self._undoable(turn())
 
     def user_tokens(self, text: str, first: bool) -> list[int]:
