@@ -33,7 +33,7 @@ def first_token(lines) -> None:
 
 def test_a_full_queue_answers_503_and_a_queued_client_that_leaves_is_dropped(tiny):
     with running(tiny, queue_size=2) as (server, engine):
-        url, s = server.url + "/chat/completions", engine.session
+        url = server.url + "/chat/completions"
         done: dict[str, int] = {}
 
         def post(k):
@@ -59,7 +59,7 @@ def test_a_full_queue_answers_503_and_a_queued_client_that_leaves_is_dropped(tin
         for t in waiters:  # the long stream's client left: its decode stopped, the queue moves on
             t.join(120)
         assert done == {"b": 200, "c": 200}
-        ran = {st.user: st for st in s.history}
+        ran = {st.user: st for st in engine.recent}
         assert "quitter" not in ran and "d" not in ran
         assert ran["long"].stop == "cancel" and ran["long"].decode_tokens < 1500
         assert list(ran) == ["long", "b", "c"]  # first come, first served
@@ -74,7 +74,7 @@ def test_a_client_gone_mid_stream_stops_the_decode(tiny):
                 break
         stream.close()
         wait_for(lambda: engine.current is None)
-        last = engine.session.history[-1]
+        last = engine.recent[-1]
         assert last.stop == "cancel" and last.decode_tokens < 1500
         r = client.chat.completions.create(model="x", messages=[user("after")], max_tokens=2)  # the engine goes on
         assert r.usage.completion_tokens == 2

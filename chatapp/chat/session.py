@@ -17,11 +17,12 @@ from collections.abc import Generator as Yields
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from chatapp.chat import prefix, trim
+from chatapp.chat import trim
 from chatapp.chat.attach import PASTED, Attachment, Attachments, Budget, file_command
 from chatapp.chat.clip import pick_reply, reply_text
 from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
 from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, TextDelta, ToolCall, Trimmed, TurnStats
+from chatapp.chat.respond import adopt_history, parse_messages
 from chatapp.chat.settings import Settings, parse_settings, settings_text
 from chatapp.chat.tools import ToolRunner
 from model.errors import UserError
@@ -140,33 +141,25 @@ class Session:
         yield from self._undoable(turn())
 
     def respond_to(self, messages: list[dict]) -> Iterator[Event]:
-        """A whole OpenAI-style conversation (ending with a user message) in, the reply out.
-        Renders it with the model's chat format (chatapp/chat/prefix.py), rewinds the cache to
-        the longest common token prefix, prefills the rest and decodes: the same events as
-        `send`, with `TurnStats.cached_before` = the reused prefix. Messages that are not a
-        conversation, or one that does not fit the context: one Error, nothing changed."""
+        """An OpenAI-style message list (an optional system message, then user and assistant
+        messages in turn, ending with a user message): the history becomes those messages,
+        rewinding the cache to the longest token prefix it shares with them
+        (chatapp/chat/respond.py), and the last user message is sent as a turn. The events
+        are `send`'s: `cached_before` is the prefix reused, `prefill_tokens` what was not."""
+        saved = (list(self.tokens), list(self.exchanges), list(self.archive), self.settings.system)
         try:
-            system, pairs, user = prefix.split_conversation(messages)
-        except prefix.BadMessages as e:
+            conv = parse_messages(messages)
+            if not conv.user.strip() or not is_text(conv.user):  # refused before anything moves
+                self.user_tokens(conv.user.strip(), first=False)
+            adopt_history(self, conv)
+            new = self.user_tokens(conv.user.strip(), first=not self.exchanges)
+        except UserError as e:
+            # the cache holds a prefix the old and new token lists share: the old one is valid
+            self.tokens, self.exchanges, self.archive, self.settings.system = saved
             yield Error(str(e))
             return
-        system = self.template.default_system if system is None else system
-        tokens, spans = prefix.render(self, system, pairs, user)
-        if len(tokens) + 1 > self.cache.capacity:
-            yield Error(f"the conversation is {len(tokens)} tokens and the context holds {self.cache.capacity} "
-                        "(with at least one for the reply)")
-            return
-        keep = prefix.common_prefix(tokens, self.tokens[:self.cache.pos])
-
-        def turn() -> Iterator[Event]:
-            self.cancel_flag.clear()
-            self.truncate(keep)
-            self.settings.system = system
-            self.tokens, self.archive = tokens, []
-            self.exchanges = [Exchange(sp.user, sp.start, sp.reply_start, sp.end, sp.reply, sp.tool_calls)
-                              for sp in spans]
-            yield from self._reply()
-        yield from self._undoable(turn())
+        self.cancel_flag.clear()
+        yield from self._undoable(self.turn(conv.user.strip(), new))
 
     def user_tokens(self, text: str, first: bool) -> list[int]:
         """The tokens a user message adds (with the system prompt folded in when it is the

@@ -47,6 +47,7 @@ class Engine:
         self.cv = threading.Condition()
         self.closed = False
         self.served = 0
+        self.recent: deque[TurnStats] = deque(maxlen=256)  # the last turns run, in order (tests, /health)
         self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self.thread.start()
 
@@ -128,6 +129,7 @@ class Engine:
                     return
                 case TurnStats():
                     stats = ev
+                    self.recent.append(ev)
         if tail := scanner.flush():
             text.append(tail)
             job.put(("delta", {"content": tail}))

@@ -17,15 +17,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-from chatapp.chat.prefix import BadMessages, split_conversation
 from chatapp.chat.session import Exchange, Session
 
 Key = tuple[str | None, tuple[tuple[str, str], ...]]  # (system, ((user, reply), ...))
 
 
+def split(messages: list[dict]) -> tuple[str | None, list[tuple[str, str]], str]:
+    """(system, (user, reply) pairs, last user message) of normalized messages (messages.py)."""
+    system = messages[0]["content"] if messages[0]["role"] == "system" else None
+    rest = [m["content"] for m in messages[system is not None:]]
+    return system, list(zip(rest[0:-1:2], rest[1::2], strict=True)), rest[-1]
+
+
 def request_key(messages: list[dict]) -> Key:
     """What of the conversation a request's cache could already hold: all but its last message."""
-    system, pairs, _user = split_conversation(messages)
+    system, pairs, _user = split(messages)
     return system, tuple(pairs)
 
 
@@ -75,7 +81,7 @@ class SnapshotLRU:
 
     def remember(self, messages: list[dict], reply: str) -> None:
         """After a request: the live cache holds its conversation plus the reply it sent."""
-        system, pairs, user = split_conversation(messages)
+        system, pairs, user = split(messages)
         self.live = (system, (*pairs, (user, reply)))
 
     def forget_live(self) -> None:
@@ -84,10 +90,7 @@ class SnapshotLRU:
     def prepare(self, s: Session, messages: list[dict]) -> Swap:
         """Before a request: swap in the snapshot that holds more of its conversation than the
         live cache does (stashing the live one), if there is one."""
-        try:
-            want = request_key(messages)
-        except BadMessages:
-            return Swap()  # respond_to refuses it with the reason
+        want = request_key(messages)
         live = score(self.live, want) if self.live is not None else 0
         best = max(self.snaps.items(), key=lambda kv: score(kv[1].key, want), default=None)
         if best is not None and score(best[1].key, want) > live:

@@ -15,8 +15,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from chatapp.chat.prefix import BadMessages, split_conversation
 from chatapp.chat.settings import SETTINGS
+from chatapp.serve.messages import BadMessages, normalize
 
 MAX_STOPS = 4  # what OpenAI's API allows
 
@@ -40,7 +40,7 @@ def error_body(message: str, kind: str = "invalid_request_error", code: str | No
 
 @dataclass
 class ChatRequest:
-    messages: list[dict]
+    messages: list[dict]           # as Session.respond_to takes them (messages.normalize)
     stream: bool = False
     include_usage: bool = False    # stream_options.include_usage: a last chunk with the usage
     temperature: float | None = None
@@ -82,7 +82,7 @@ def parse_request(raw: bytes) -> ChatRequest:
     if body.get("n", 1) != 1:
         raise ApiError(400, "n: only one choice per request is supported", param="n", code="unsupported_parameter")
     try:
-        split_conversation(body.get("messages"))
+        messages = normalize(body.get("messages"))
     except BadMessages as e:
         raise ApiError(400, str(e), param="messages") from None
     stream = flag(body, "stream")
@@ -90,7 +90,7 @@ def parse_request(raw: bytes) -> ChatRequest:
     if not isinstance(opts, dict):
         raise ApiError(400, "stream_options must be an object", param="stream_options")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    return ChatRequest(body["messages"], stream, flag(opts, "include_usage"),
+    return ChatRequest(messages, stream, flag(opts, "include_usage"),
                        temperature=number(body, "temperature", "temperature", float),
                        top_p=number(body, "top_p", "top_p", float),
                        top_k=number(body, "top_k", "top_k", int),
