@@ -19,6 +19,12 @@ def run_chat(argv: list[str]) -> int:
     args = chat_parser().parse_args(argv)
     if sys.stdin is None or sys.stdout is None:  # started with <&- or >&-
         raise UserError("stdin or stdout is closed; a chat reads one and writes the other")
+    if (args.headless or args.jsonl) and args.backend:
+        from chatapp.headless import run_headless
+        from chatapp.remote.open import open_remote  # no torch: the server runs the model
+
+        return run_headless(open_remote(args, warn=lambda m: print(m, file=sys.stderr)), sys.stdin.buffer,
+                            jsonl=args.jsonl)
     if args.headless or args.jsonl:
         from chatapp.headless import run_headless  # lazy: imports torch
         from chatapp.launch import open_chat, to_stderr

@@ -49,6 +49,11 @@ def chat_parser() -> argparse.ArgumentParser:
     stored = p.add_mutually_exclusive_group()
     stored.add_argument("--chat", type=int, metavar="ID", help="continue stored chat ID")
     stored.add_argument("--resume", action="store_true", help="continue the last chat")
+    p.add_argument("--backend", metavar="URL", help="chat through an OpenAI-compatible server (nanochat-tui serve, "
+                   "llama.cpp's llama-server, vLLM, ...) instead of a model in this process (docs/serve.md)")
+    p.add_argument("--api-key", help="--backend: the server's API key (or set NANOCHAT_TUI_API_KEY)")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="--backend: seconds to wait for the server (default: 60)")
     p.add_argument("--no-store", action="store_true", help="keep nothing: chats are saved after every turn otherwise")
     return p
 

@@ -43,7 +43,8 @@ def make_app(engine: Engine, api_key: str | None = None) -> Starlette:
     async def models(request: Request) -> Response:
         check_key(request)
         return JSONResponse({"object": "list", "data": [
-            {"id": engine.model, "object": "model", "created": started, "owned_by": "nanochat-tui"}]})
+            {"id": engine.model, "object": "model", "created": started, "owned_by": "nanochat-tui",
+             "max_model_len": engine.session.cache.capacity}]})  # vLLM's name for the context
 
     async def completions(request: Request) -> Response:
         check_key(request)
