@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -106,7 +106,8 @@ class SnapshotLRU:
         c = s.cache
         if self.live is None or c.pos == 0 or self.slots == 0:
             return
-        snap = Snapshot(self.live, list(s.tokens), list(s.exchanges), s.settings.system, c.pos,
+        exchanges = [replace(ex, tool_calls=list(ex.tool_calls)) for ex in s.exchanges]  # the session mutates its own
+        snap = Snapshot(self.live, list(s.tokens), exchanges, s.settings.system, c.pos,
                         c.k_cache[:, :, :c.pos].clone(), c.v_cache[:, :, :c.pos].clone(),
                         {n: b[:, :c.pos].clone() for n, b in c.state.items()})
         for i in [i for i, sn in self.snaps.items() if score(sn.key, snap.key) == 1 + len(sn.key[1])]:
