@@ -29,13 +29,26 @@ class Job:
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    pending: list[tuple] = field(default_factory=list)   # put by the worker, not yet on `out`
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def put(self, item: tuple) -> None:
-        """From the worker thread: hand an item to the request's handler."""
+        """From the worker thread: hand an item to the request's handler. The event loop is
+        woken once per batch, not per token: while it is busy, tokens gather (in order)."""
+        with self.lock:
+            self.pending.append(item)
+            if len(self.pending) > 1:
+                return  # a wake-up is already on its way and will take this one too
         try:
-            self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+            self.loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # the event loop is closed (server shutting down)
             pass
+
+    def _drain(self) -> None:
+        with self.lock:
+            items, self.pending = self.pending, []
+        for item in items:
+            self.out.put_nowait(item)
 
 
 class Engine:
