@@ -20,10 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from chatapp.chat import whole
+from chatapp.chat.exchange import Exchange
+from model.chat_formats.whole import Rendered
 from model.errors import UserError
 
 if TYPE_CHECKING:  # the session imports this module, not the other way round
-    from chatapp.chat.session import Exchange, Session
+    from chatapp.chat.session import Session
 
 ROLES = ("system", "user", "assistant")
 
@@ -76,8 +79,6 @@ def known_reply(s: Session, i: int, user: str, reply: str) -> Exchange | None:
 def history(s: Session, conv: Conversation) -> tuple[list[int], list[Exchange]]:
     """The token list and exchanges the session would hold after building `conv.pairs` turn by
     turn (the last reply as generated and closed, the earlier ones in their history form)."""
-    from chatapp.chat.session import Exchange  # session.py imports this module at its top
-
     t = s.template
     system = t.default_system if conv.system is None else conv.system
     closing = t.end_reply()
@@ -98,22 +99,31 @@ def history(s: Session, conv: Conversation) -> tuple[list[int], list[Exchange]]:
     return tokens, exchanges
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens `a` and `b` share."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
 def adopt_history(s: Session, conv: Conversation) -> None:
     """Make the session's history `conv.pairs` under `conv.system`, keeping the cache's K/V for
     the longest prefix the old and new token lists share (the invariant holds on return: the
     cache holds new[:pos], the rest is pending)."""
+    if whole.is_whole(s):
+        adopt_whole(s, conv)
+        return
     tokens, exchanges = history(s, conv)
-    keep = common_prefix(s.tokens[:s.cache.pos], tokens)
+    keep = whole.common_prefix(s.tokens[:s.cache.pos], tokens)
     s.truncate(keep)
     s.settings.system = conv.system
     s.tokens, s.exchanges, s.archive = tokens, exchanges, []
+    s.history = [st for st in s.history if st.turn <= len(exchanges)]
+
+
+def adopt_whole(s: Session, conv: Conversation) -> None:
+    """`adopt_history` for a template rendered whole: the pairs rendered as the template closes
+    them, the ids kept for the replies the session wrote."""
+    pairs, exchanges = [], []
+    for i, (user, reply) in enumerate(conv.pairs):
+        ex = known_reply(s, i, user, reply)
+        pairs.append((user, ex.reply if ex else reply, whole.reply_ids(s, ex) if ex else None))
+        exchanges.append(Exchange(user, -1, -1, -1, ex.reply if ex else reply, list(ex.tool_calls) if ex else []))
+    s.settings.system = conv.system
+    s.archive = []
+    rendered = s.template.render(s.system, pairs, None) if pairs else Rendered(s.template.start(s.system), [])
+    whole.adopt(s, rendered, exchanges)
     s.history = [st for st in s.history if st.turn <= len(exchanges)]
