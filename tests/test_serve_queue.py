@@ -49,9 +49,9 @@ def test_a_full_queue_answers_503_and_a_queued_client_that_leaves_is_dropped(tin
                 wait_for(lambda: engine.queued() == 1)
             wait_for(lambda: engine.queued() == 0)  # it left while waiting: dropped, never run
             waiters = [threading.Thread(target=post, args=(k,)) for k in ("b", "c")]
-            for t in waiters:
+            for n, t in enumerate(waiters, 1):  # one after the other: their arrival order is known
                 t.start()
-            wait_for(lambda: engine.queued() == 2)
+                wait_for(lambda n=n: engine.queued() == n)
             full = httpx.post(url, json={"messages": [user("d")]}, timeout=10)
             assert full.status_code == 503 and full.headers["retry-after"] == "1"
             err = full.json()["error"]
