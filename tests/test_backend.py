@@ -70,6 +70,19 @@ def test_a_server_that_cannot_be_reached_is_one_line():
     assert str(e.value) == f"--backend: cannot reach the server at {url} (ConnectError); is it running?"
 
 
+def test_resume_reopens_the_last_chat_through_the_server(served):
+    url = served[0].url
+    first = open_remote(chat_parser().parse_args(["--backend", url, "--temperature", "0"]), warn=print)
+    turn = [e for e in first.send("remember me") if isinstance(e, TurnStats)][0]
+    again = open_remote(chat_parser().parse_args(["--backend", url, "--resume"]), warn=print)
+    assert again.chat_id == first.chat_id and again.restored is not None
+    assert [(ex.user, ex.reply) for ex in again.session.exchanges] == [("remember me", turn.reply)]
+    nxt = [e for e in again.send("and now?") if isinstance(e, TurnStats)][0]
+    assert nxt.turn == 2 and nxt.cached_before == turn.cache_seqlens  # the server still held the chat
+    with pytest.raises(UserError, match="--model is for the in-process model"):
+        open_remote(chat_parser().parse_args(["--backend", url, "--model", "random:tiny"]), warn=print)
+
+
 def session_on(url: str, timeout: float = 30.0) -> RemoteSession:
     client = OpenAIClient(url, timeout=timeout)
     return RemoteSession(client, "x", Settings(temperature=0, max_new_tokens=1500), context=512)

@@ -67,6 +67,20 @@ def test_a_growing_conversation_prefills_only_its_new_tokens(client):
         msgs += [assistant(r.choices[0].message.content), user(f"turn {i + 1}")]
 
 
+def test_text_parts_a_developer_message_and_two_user_messages_read_as_one_conversation(client):
+    plain = client.chat.completions.create(model="x", max_tokens=4, messages=[
+        {"role": "system", "content": "be kind"}, user("one\n\ntwo")])
+    loose = client.chat.completions.create(model="x", max_tokens=4, messages=[
+        {"role": "developer", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "kind"}]},
+        user("one"), {"role": "user", "content": [{"type": "text", "text": "two"}]}])
+    assert loose.choices[0].message.content == plain.choices[0].message.content
+    assert loose.usage.prompt_tokens == plain.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="x", messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}])
+    assert "only text parts" in e.value.body["message"]
+
+
 def test_seed_makes_sampling_repeatable(client):
     def reply(seed):
         r = client.chat.completions.create(model="x", messages=[user("dice")], temperature=1.5, top_p=1,
