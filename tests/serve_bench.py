@@ -160,6 +160,47 @@ def throughput(url: str, model: str, tokens: int, reps: int) -> None:
           f"thread {[round(x, 1) for x in threaded]}")
 
 
+def throughput_inproc(model: str, tokens: int, reps: int) -> None:
+    """The same comparison inside one process, so both sides share the machine's noise alike: the
+    loaded model behind our server (uvicorn in a thread, over loopback HTTP) against a second
+    session on the same weights, run in a worker thread; alternated, medians."""
+    from chatapp.chat.session import Session  # lazy: torch, only for this part
+    from chatapp.chat.settings import Settings
+    from chatapp.launch import load_options
+    from chatapp.options import chat_parser
+    from chatapp.serve.app import make_app
+    from chatapp.serve.engine import Engine
+    from chatapp.serve.main import Server, bind
+    from model.loading import load_model
+
+    args = chat_parser().parse_args(["--model", model])
+    lm = load_model(model, load_options(args))
+    d = Settings(temperature=0, max_new_tokens=tokens)
+    engine = Engine(Session(lm, Settings(**vars(d)), context=2048), d)
+    server = Server(make_app(engine), bind("127.0.0.1", 0)).start()
+    time.sleep(1)
+    direct, text, served, threaded = Session(lm, Settings(**vars(d)), context=2048), "Write a long story.", [], []
+
+    def in_thread():
+        direct.reset()
+        threaded.append([e for e in direct.send(text)][-1].tokens_per_s)
+    try:
+        for _ in range(reps):
+            r = httpx.post(server.url + "/chat/completions", timeout=600, json={
+                "messages": [{"role": "user", "content": text}], "max_tokens": tokens}).json()
+            served.append(r["timings"]["predicted_per_second"])
+            t = threading.Thread(target=in_thread)
+            t.start()
+            t.join()
+    finally:
+        server.stop()
+        engine.close()
+    s, w = statistics.median(served), statistics.median(threaded)
+    print(f"\n## one stream in one process, {tokens} tokens, {reps} alternated runs\nserve {s:.1f} tok/s, the "
+          f"session in a worker thread {w:.1f} tok/s: {100 * s / w:.0f}%. Runs: serve {[round(x, 1) for x in served]}, "
+          f"thread {[round(x, 1) for x in threaded]}")
+
+
 def llama_backend(binary: str, model: str, turns: int) -> None:
     port = free_port()
     srv = subprocess.Popen([binary, "-m", model, "--port", str(port), "-c", "4096", "-t", "2", "-np", "1"],
@@ -207,9 +248,15 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=100)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--only", default="turns,alternate,concurrent,throughput,llama")
+    p.add_argument("--only", default="turns,alternate,concurrent,throughput,llama",
+                   help="comma-separated parts; also inproc (the throughput comparison inside one process)")
     a = p.parse_args()
     only = set(a.only.split(","))
+    if "inproc" in only:
+        throughput_inproc(a.model, a.tokens, a.reps)
+        only.discard("inproc")
+        if not only:
+            return
     srv, url = start_serve(a.model, "--context", "4096")
     try:
         if "turns" in only:
