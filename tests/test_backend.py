@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from chatapp.chat.events import CacheState, Error, TurnStats
+from chatapp.chat.events import CacheState, Error, TextDelta, TurnStats
 from chatapp.chat.settings import Settings
 from chatapp.options import chat_parser
 from chatapp.remote.client import Figures, OpenAIClient, read_figures
@@ -125,6 +125,25 @@ def test_a_server_gone_mid_reply_leaves_one_line_and_the_partial_reply(served):
     events = list(keeper.send("anyone?"))
     assert isinstance(events[0], CacheState) and events[0].event == "undone"
     assert "cannot reach the server" in events[1].message and len(keeper.session.exchanges) == 1
+
+
+def test_esc_closes_the_stream_and_the_server_stops_its_decode(served):
+    server, engine = served
+    s = session_on(server.url)
+    events = []
+    for ev in s.send("go on and on"):
+        events.append(ev)
+        if isinstance(ev, TextDelta):
+            s.cancel()  # what Esc does in the TUI
+    st = events[-1]
+    assert isinstance(st, TurnStats) and st.stop == "cancel" and s.exchanges[0].reply == st.reply
+    wait = threading.Event()
+    for _ in range(300):  # the server notices the closed stream at its next token
+        if engine.current is None and engine.recent[-1].user == "go on and on":
+            break
+        wait.wait(0.02)
+    last = engine.recent[-1]
+    assert last.user == "go on and on" and last.stop == "cancel" and last.decode_tokens < 1500
 
 
 def test_a_server_that_does_not_answer_times_out_in_one_line():
