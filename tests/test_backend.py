@@ -72,9 +72,10 @@ def test_a_server_that_cannot_be_reached_is_one_line():
 
 def test_resume_reopens_the_last_chat_through_the_server(served):
     url = served[0].url
-    first = open_remote(chat_parser().parse_args(["--backend", url, "--temperature", "0"]), warn=print)
+    first = open_remote(chat_parser().parse_args(["--backend", url, "--temperature", "0", "--max-new-tokens", "3"]),
+                        warn=print)
     turn = [e for e in first.send("remember me") if isinstance(e, TurnStats)][0]
-    again = open_remote(chat_parser().parse_args(["--backend", url, "--resume"]), warn=print)
+    again = open_remote(chat_parser().parse_args(["--backend", url, "--resume", "--max-new-tokens", "3"]), warn=print)
     assert again.chat_id == first.chat_id and again.restored is not None
     assert [(ex.user, ex.reply) for ex in again.session.exchanges] == [("remember me", turn.reply)]
     nxt = [e for e in again.send("and now?") if isinstance(e, TurnStats)][0]
