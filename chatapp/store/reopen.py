@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from chatapp.chat import whole
 from chatapp.chat.events import Restored, ToolCall
 from chatapp.chat.session import Exchange, Session
 from chatapp.chat.settings import Settings
@@ -87,7 +88,17 @@ def fits_template(session: Session, chat: ChatData, tokens: list[int], exchanges
 
 def conversation(session: Session, chat: ChatData) -> tuple[list[int], list[Exchange], str]:
     """The token list and exchanges to adopt, and a note when the stored ids could not be used."""
-    if chat.tokenizer_fingerprint == tokenizer_fingerprint(session.tok):
+    same = chat.tokenizer_fingerprint == tokenizer_fingerprint(session.tok)
+    if whole.is_whole(session):   # a template rendered whole: render it again, the stored reply ids kept
+        msgs = in_context(chat)
+        exchanges = [Exchange(u.content, -1, -1, -1, a.content, [ToolCall(**c) for c in a.tool_calls])
+                     for u, a in msgs]
+        pairs_ = [(u.content, a.content, list(a.token_ids) if same and a.token_ids else None) for u, a in msgs]
+        tokens = whole.rendered(session.template, chat.system, pairs_, exchanges)
+        stored = stored_conversation(chat)[0]   # without the last reply's closing: no span holds it
+        kept = same and tokens[:len(stored)] == stored
+        return tokens, exchanges, "" if kept else "stored tokens do not follow this model's chat template; re-rendered"
+    if same:
         tokens, exchanges = stored_conversation(chat)
         if fits_template(session, chat, tokens, exchanges):
             return tokens, exchanges, ""

@@ -34,8 +34,10 @@ def compile_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
-def render(source: str, messages: list[dict], strftime: Callable[[str], str], **special: str | None) -> str:
-    """The template over `messages` with the generation prompt added, as the model sees it
-    before it answers. `special` holds bos_token, eos_token, ... (their strings)."""
+def render(source: str, messages: list[dict], strftime: Callable[[str], str], add_generation_prompt: bool = True,
+           **special: str | None) -> str:
+    """The template over `messages` with the generation prompt added (by default), as the model
+    sees it before it answers. `special` holds bos_token, eos_token, ... (their strings)."""
     return compile_template(source).render(messages=messages, tools=None, documents=None,
-                                           add_generation_prompt=True, strftime_now=strftime, **special)
+                                           add_generation_prompt=add_generation_prompt, strftime_now=strftime,
+                                           **special)
