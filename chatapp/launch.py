@@ -110,6 +110,8 @@ def open_session(args: argparse.Namespace, progress=None, warn: Warn | None = No
     if note := native_note(args):
         (warn or to_stderr)(note)
     lm = load_model(resolve_model_spec(args.model, progress), load_options(args))
+    for line in lm.notes:
+        (warn or to_stderr)(line)
     if args.context is not None and args.context > lm.context_length:
         (warn or to_stderr)(f"nanochat-tui: --context {args.context} is more than {lm.name} takes; "
                             f"using its {lm.context_length}")

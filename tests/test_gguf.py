@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from gguf import GGML_QUANT_SIZES, GGUFWriter, quants
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFWriter, quants
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from model.errors import ModelLoadError
@@ -29,13 +29,14 @@ HF_LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v"
             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
             "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 # Every supported type appears; the Q/K projections go through four different ones.
-MIXED = {"token_embd": Q.Q8_0, "output": Q.Q6_K,
+MIXED = {"token_embd": Q.Q8_0, "output": Q.Q2_K,
          0: {"attn_q": Q.Q4_0, "attn_k": Q.Q4_1, "attn_v": Q.F16, "attn_output": Q.BF16,
              "ffn_gate": Q.Q4_K, "ffn_up": Q.Q5_K, "ffn_down": Q.Q5_0},
-         1: {"attn_q": Q.Q8_0, "attn_k": Q.BF16, "attn_v": Q.Q5_1, "attn_output": Q.Q6_K,
-             "ffn_gate": Q.Q4_1, "ffn_up": Q.Q4_0, "ffn_down": Q.F32}}
-# Sizes of the K-quant blocks, and where their fp16 scale(s) sit.
-K_BLOCKS = {Q.Q4_K: (144, (0, 2)), Q.Q5_K: (176, (0, 2)), Q.Q6_K: (210, (208,)), Q.Q2_K: (84, (80, 82))}
+         1: {"attn_q": Q.Q8_0, "attn_k": Q.F32, "attn_v": Q.Q5_1, "attn_output": Q.Q6_K,
+             "ffn_gate": Q.Q3_K, "ffn_up": Q.IQ4_XS, "ffn_down": Q.IQ4_NL}}
+# Block types gguf cannot quantize (random blocks instead): where their fp16 scale(s) sit.
+K_BLOCKS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,),
+            Q.IQ4_XS: (0,), Q.IQ4_NL: (0,), Q.IQ2_XXS: (0,), Q.Q8_K: ()}
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -44,9 +45,9 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def random_k_quant(rows: int, cols: int, kind: Q, rng: np.random.Generator) -> np.ndarray:
-    """Random K-quant blocks with small, finite scales (gguf can dequantize but not quantize these)."""
-    block, at = K_BLOCKS[kind]
-    raw = rng.integers(0, 256, (rows, cols // 256, block), dtype=np.uint8)
+    """Random blocks with small, finite scales (gguf can dequantize but not quantize these)."""
+    at, (values, block) = K_BLOCKS[kind], GGML_QUANT_SIZES[kind]
+    raw = rng.integers(0, 256, (rows, cols // values, block), dtype=np.uint8)
     scale = np.frombuffer(np.float16(2e-5 if kind == Q.Q6_K else 1e-4).tobytes(), np.uint8)
     for i in at:   # d, and dmin where the type has one
         raw[..., i:i + 2] = scale
@@ -61,6 +62,8 @@ def encode_tensor(w: np.ndarray, kind: Q, rng) -> tuple[np.ndarray, np.ndarray]:
         raw = w.astype(np.float32)
     else:
         raw = quants.quantize(w.astype(np.float32), kind)
+    if kind == Q.Q8_K:   # a type gguf cannot dequantize: no reference weights
+        return raw, np.zeros(w.shape, np.float32)
     return raw, quants.dequantize(raw, kind).reshape(w.shape).astype(np.float32)
 
 
@@ -212,9 +215,12 @@ def test_unsupported_architecture(tmp_path, home):
 
 
 def test_unsupported_quant_type(tmp_path, home):
-    path = tmp_path / "q2.gguf"
-    write_gguf(path, {0: {"ffn_up": Q.Q2_K}}, tied=True)
-    with pytest.raises(ModelLoadError, match=r"type Q2_K; supported types: F32, F16, BF16, Q8_0") as e:
+    """Q8_K (llama.cpp's intermediate type, never a weight's) is one the gguf package cannot read."""
+    path = tmp_path / "q8k.gguf"
+    write_gguf(path, {0: {"ffn_up": Q.Q8_K}}, tied=True)
+    with pytest.raises(ModelLoadError, match=r"tensor blk.0.ffn_up.weight has type Q8_K, which nanochat-tui "
+                                             r"cannot read; supported types: F32, F16, BF16, Q8_0.*Q5_K and the "
+                                             r"other types the gguf package dequantizes") as e:
         load_model(str(path))
     assert "\n" not in str(e.value) and leftovers(home) == []
 

@@ -123,7 +123,8 @@ def both(path):
 def test_quantized_model_keeps_the_file_and_an_fp16_cache(mixed_gguf, home):
     q, ref = both(mixed_gguf)
     assert isinstance(q.model.lm_head, QLinear) and isinstance(q.model.model.layers[1].mlp.down_proj, QLinear)
-    assert q.model.model.layers[0].mlp.gate_proj.kind == "q4"          # Q4_K stays 4-bit
+    assert q.model.model.layers[0].mlp.gate_proj.kind == "q4_k"        # Q4_K stays the file's bytes
+    assert q.model.model.layers[0].self_attn.q_proj.kind == "q4"       # Q4_0 repacked, 4-bit
     assert q.model.model.layers[0].self_attn.v_proj.kind == "f16"      # F16 stays F16
     assert q.model.new_cache(64).dtype == torch.float16 and ref.model.new_cache(64).dtype == torch.float32
     ids = torch.tensor([q.template.start("") + q.template.user_turn("hello 1234 world")])
@@ -217,16 +218,21 @@ def test_quantized_session_chats_with_retry_and_undo(mixed_gguf, home):
         assert s.tokens == r.tokens and s.cache.pos == r.cache.pos
 
 
+CORRUPT = {"repacked": ("model.layers.0.self_attn.k_proj.weight.scale", r"\(mins are"),   # Q4_1
+           "file-bytes": ("model.layers.0.mlp.gate_proj.weight.q4_k", r"\(q4_k torch.uint8 \(512, 3\); q4_k rows")}
+
+
+@pytest.mark.parametrize("which", CORRUPT)
 @pytest.mark.parametrize("quantized", [True, False], ids=["quantized", "dequantized"])
-def test_corrupt_quantized_tensor_names_the_file(mixed_gguf, home, quantized):
+def test_corrupt_quantized_tensor_names_the_file(mixed_gguf, home, quantized, which):
     load_model(str(mixed_gguf), LoadOptions(quantized=True))
     weights = converted_dir(mixed_gguf) / "model.safetensors"
     state = load_file(str(weights))
-    key = "model.layers.0.mlp.gate_proj.weight.scale"
+    key, why = CORRUPT[which]
     state[key] = state[key][:, :3].contiguous()
     save_file(state, str(weights))
-    with pytest.raises(ModelLoadError, match=r"mixed\.gguf: quantized weight model.layers.0.mlp.gate_proj"
-                                             r".weight is corrupt \(mins are") as e:
+    base = key.rsplit(".", 1)[0]
+    with pytest.raises(ModelLoadError, match=rf"mixed\.gguf: quantized weight {base} is corrupt {why}") as e:
         load_model(str(mixed_gguf), LoadOptions(quantized=quantized))
     assert "\n" not in str(e.value)
 

@@ -27,10 +27,11 @@ from model.loading.hf import load_hf_dir
 from model.loading.options import LoadedModel, LoadOptions
 from model.loading.safetensors_out import TensorSpec, write_safetensors
 from model.paths import cache_root
+from model.quant import file_blocks
 from model.quant.blocks import BLOCK_TYPES, Packed, repack
 
 Progress = Callable[[str, float, float], None]   # (stage, done, total)
-CONVERTER_VERSION = "4"   # bump when the output of convert_gguf changes: cached conversions are redone
+CONVERTER_VERSION = "5"   # bump when the output of convert_gguf changes: cached conversions are redone
 
 LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -41,7 +42,8 @@ LAYER_NAMES = {
 TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
              "output.weight": "lm_head.weight"}
 DENSE_TYPES = ("F32", "F16", "BF16")
-SUPPORTED_TYPES = DENSE_TYPES + BLOCK_TYPES
+SUPPORTED_TYPES = DENSE_TYPES + BLOCK_TYPES + file_blocks.FILE_TYPES   # run quantized (others: see tensor_plan)
+DEQUANTIZED = "nanochat_tui_dequantized_types"   # config.json: {type: tensors} of types run as exact fp32
 PAD = "nanochat.pad."   # filler tensors that keep the next tensor aligned; loaders skip them
 NUMPY_SIZE = {"F32": 4, "F16": 2, "BF16": 2, "U8": 1, "I8": 1}
 
@@ -86,11 +88,16 @@ def tensor_plan(g: GGUFFile, config: dict) -> list[tuple[TensorSpec, object, str
             continue
         kind = t.tensor_type.name
         if kind not in SUPPORTED_TYPES:
-            raise ModelLoadError(f"{g.path}: tensor {t.name} has type {kind}; supported types: "
-                                 f"{', '.join(SUPPORTED_TYPES)} (re-quantize the file, e.g. to Q8_0 or Q4_K)")
+            if not file_blocks.dequantizable(kind):
+                raise ModelLoadError(f"{g.path}: tensor {t.name} has type {kind}, which nanochat-tui cannot "
+                                     f"read; supported types: {', '.join(SUPPORTED_TYPES)} and the other types "
+                                     "the gguf package dequantizes (re-quantize the file, e.g. to Q4_K_M)")
+            # No kernel for this type: its exact fp32 values (bigger and slower, but right). Noted.
+            counts = config.setdefault(DEQUANTIZED, {})
+            counts[kind] = counts.get(kind, 0) + 1
         name = (gguf_gemma.hf_name if g.arch == gguf_gemma.ARCH else hf_name)(t.name, str(g.path))
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        if kind in DENSE_TYPES or len(shape) != 2:
+        if kind not in SUPPORTED_TYPES or kind in DENSE_TYPES or len(shape) != 2:
             parts = [(TensorSpec(name, kind if kind in ("F16", "BF16") else "F32", shape), "dense")]
         else:
             parts = [(TensorSpec(f"{name}.{p}", dt, s), p) for p, dt, s in packed_specs(kind, shape)]
@@ -108,27 +115,32 @@ def tensor_plan(g: GGUFFile, config: dict) -> list[tuple[TensorSpec, object, str
 def packed_specs(kind: str, shape: tuple[int, int]) -> list[tuple[str, str, tuple[int, ...]]]:
     """(part, safetensors dtype, shape) of a block tensor, without decoding it."""
     rows, cols = shape
-    sub = 16 if kind == "Q6_K" else 32
-    sdt = "F32" if kind.endswith("_K") else "F16"
-    values = ("q4", "U8", (rows, cols // 2)) if kind in ("Q4_0", "Q4_1", "Q4_K") else ("q8", "I8", (rows, cols))
-    scales = [("scale", sdt, (rows, cols // sub))]
-    if kind in ("Q4_0", "Q4_1", "Q4_K", "Q5_1", "Q5_K"):
-        scales.append(("min", sdt, (rows, cols // sub)))
+    if kind in file_blocks.FILE_TYPES:   # the file's own bytes
+        return [(kind.lower(), "U8", (rows, file_blocks.row_bytes(kind.lower(), cols)))]
+    values = ("q4", "U8", (rows, cols // 2)) if kind in ("Q4_0", "Q4_1") else ("q8", "I8", (rows, cols))
+    scales = [("scale", "F16", (rows, cols // 32))]
+    if kind != "Q8_0":
+        scales.append(("min", "F16", (rows, cols // 32)))
     return scales + [values]
 
 
 def tensor_data(t, part: str, config: dict, cache: dict) -> np.ndarray:
     """One part's array. A block tensor is repacked once for its three parts (`cache`)."""
     kind = t.tensor_type.name
+    shape = tuple(int(d) for d in reversed(t.shape.tolist()))
     if part == "dense":
         w = np.asarray(t.data)
+        if kind not in DENSE_TYPES:   # a type without a kernel: the gguf package's exact values
+            w = file_blocks.gguf_quants.dequantize(w, t.tensor_type)
         w = w.view(np.uint16) if kind == "BF16" else w.view(np.float16) if kind == "F16" else w.astype(np.float32)
-        w = w.reshape(tuple(int(d) for d in reversed(t.shape.tolist())))
+        w = w.reshape(shape)
         if config["model_type"] == gguf_gemma.MODEL_TYPE:
             return gguf_gemma.fix_tensor(t.name, w)
         return permuted(w, t.name, config) if w.ndim == 2 else w
+    if part in file_blocks.KINDS:
+        return permuted(file_blocks.as_rows(part, np.asarray(t.data), *shape), t.name, config)
     if cache.get("name") != t.name:
-        rows, cols = (int(d) for d in reversed(t.shape.tolist()))
+        rows, cols = shape
         cache.clear()
         cache.update(name=t.name, packed=repack(kind, np.asarray(t.data), rows, cols))
     p: Packed = cache["packed"]

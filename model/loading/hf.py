@@ -118,4 +118,14 @@ def load_hf_dir(path: Path, opts: LoadOptions) -> LoadedModel:
     except (ValueError, KeyError) as e:
         raise ModelLoadError(f"{path}: {e.args[0]}") from None
     template.stop_ids |= {tok.special[n] for n in tok.end_names if n in tok.special}   # stop on every end token
-    return LoadedModel(model, tok, template, config.get("nanochat_tui_name", path.name), cfg.max_position_embeddings)
+    name = config.get("nanochat_tui_name", path.name)
+    return LoadedModel(model, tok, template, name, cfg.max_position_embeddings, notes=dequantized_note(config, name))
+
+
+def dequantized_note(config: dict, name: str) -> list[str]:
+    """The one-line note for a GGUF whose tensor types have no kernel (run as exact fp32)."""
+    counts = config.get("nanochat_tui_dequantized_types")
+    if not isinstance(counts, dict) or not counts:
+        return []
+    types = ", ".join(f"{k} ({v} tensor{'s' if v != 1 else ''})" for k, v in sorted(counts.items()))
+    return [f"nanochat-tui: note: {name}: no kernel for {types}; dequantized exactly to fp32 (slower, more memory)"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,3 +32,4 @@ class LoadedModel:
     template: ChatTemplate
     name: str
     context_length: int
+    notes: list[str] = field(default_factory=list)   # one line each, shown once at start

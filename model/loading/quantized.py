@@ -12,11 +12,12 @@ import torch
 import torch.nn as nn
 
 from model.errors import ModelLoadError
+from model.quant import file_blocks
 from model.quant.blocks import Q4, Q8
 from model.quant.qlinear import QEmbedding, QLinear
 
 PAD = "nanochat.pad."
-PARTS = (".q4", ".q8", ".scale", ".min")
+PARTS = (".q4", ".q8", ".scale", ".min", *(f".{k}" for k in file_blocks.KINDS))
 VALUE_DTYPES = {Q4: torch.uint8, Q8: torch.int8}
 
 
@@ -33,7 +34,19 @@ def take_packed(weights: dict[str, torch.Tensor], where: str) -> dict[str, QLine
     return out
 
 
+def _file_qlinear(base: str, kind: str, parts: dict[str, torch.Tensor], where: str) -> QLinear:
+    """A weight kept as the GGUF's bytes: one uint8 (rows, row bytes) tensor of whole blocks."""
+    q, size = parts[kind], file_blocks.block(kind)[1]
+    if len(parts) != 1 or q.dtype != torch.uint8 or q.dim() != 2 or q.shape[1] == 0 or q.shape[1] % size:
+        have = ", ".join(f"{k} {p.dtype} {tuple(p.shape)}" for k, p in sorted(parts.items()))
+        raise ModelLoadError(f"{where}: quantized weight {base} is corrupt ({have}; {kind} rows are whole "
+                             f"{size}-byte blocks)")
+    return QLinear(kind, q)
+
+
 def _qlinear(base: str, parts: dict[str, torch.Tensor], where: str) -> QLinear:
+    if file_kinds := [k for k in file_blocks.KINDS if k in parts]:
+        return _file_qlinear(base, file_kinds[0], parts, where)
     kinds = [k for k in (Q4, Q8) if k in parts]
     if len(kinds) != 1 or "scale" not in parts:
         raise ModelLoadError(f"{where}: quantized weight {base} is incomplete (has {', '.join(sorted(parts))})")

@@ -6,8 +6,7 @@ numbers: integer values, a scale per sub-block and optionally a min, value = sca
     Q4  4-bit values 0..15, 16 bytes per 32 (byte j: value j low, value j+16 high)
     Q8  int8 values
 
-Scales and mins stay fp16 where the file stores them as fp16 (Q4_0, Q4_1, Q5_0, Q8_0) and
-become fp32 where the file multiplies two numbers to get them (K-quants: d * sub-scale).
+Scales and mins stay fp16, as the file stores them (Q4_0's min, -8 d, is exact in fp16).
 Because q * scale is exact in fp32 for these widths, scale * q + min rounds once, exactly as
 the gguf package's dequantization does: our weights equal the file's bit for bit.
 """
@@ -21,8 +20,7 @@ import torch
 
 Q4, Q8 = "q4", "q8"
 DENSE = ("F32", "F16", "BF16")
-BLOCK_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
-QK_K = 256
+BLOCK_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_1")   # repacked; the K, IQ4 and Q5_0 types: file_blocks.py
 
 
 @dataclass
@@ -33,7 +31,7 @@ class Packed:
     q: np.ndarray              # q4: uint8 (rows, cols/2); q8: int8 (rows, cols)
     scale: np.ndarray          # float16 or float32 (rows, cols/sub)
     min: np.ndarray | None     # same dtype and shape as scale, or None
-    sub: int                   # values per scale: 32, or 16 (Q6_K)
+    sub: int                   # values per scale: 32
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -65,46 +63,16 @@ def _unpack(kind: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
         return _nibbles(raw[:, 2:]), d, d * np.float16(-8), 32   # (q - 8) d == q d - 8 d, both exact
     if kind == "Q4_1":
         return _nibbles(raw[:, 4:]), _f16(raw[:, :2]), _f16(raw[:, 2:4]), 32
-    if kind in ("Q5_0", "Q5_1"):
-        off = 2 if kind == "Q5_0" else 4
-        high = np.unpackbits(raw[:, off:off + 4], axis=-1, bitorder="little")
-        q = _nibbles(raw[:, off + 4:]) | (high << 4)
-        if kind == "Q5_0":
-            return (q.astype(np.int16) - 16).astype(np.int8), _f16(raw[:, :2]), None, 32
+    if kind == "Q5_1":
+        high = np.unpackbits(raw[:, 4:8], axis=-1, bitorder="little")
+        q = _nibbles(raw[:, 8:]) | (high << 4)
         return q.astype(np.int8), _f16(raw[:, :2]), _f16(raw[:, 2:4]), 32
-    if kind in ("Q4_K", "Q5_K"):
-        from gguf.quants import Q4_K  # its 6-bit scale unpacking, shared by Q5_K
-
-        n = raw.shape[0]
-        d = _f16(raw[:, :2]).astype(np.float32)
-        dmin = _f16(raw[:, 2:4]).astype(np.float32)
-        sc, mn = Q4_K.get_scale_min(raw[:, 4:16])
-        scale = d * sc.reshape(n, 8).astype(np.float32)
-        neg_min = -(dmin * mn.reshape(n, 8).astype(np.float32))
-        if kind == "Q4_K":   # 32 bytes per 64 values: low nibbles are the first 32
-            qs = raw[:, 16:].reshape(n, 4, 32)
-            q = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(n, QK_K)
-        else:
-            qh = np.unpackbits(raw[:, 16:48].reshape(n, 1, 32), axis=1, bitorder="little")   # (n, 8, 32)
-            qs = raw[:, 48:].reshape(n, 4, 32)
-            q = (np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(n, 8, 32) | (qh << 4)).reshape(n, QK_K)
-            q = q.astype(np.int8)
-        return q, scale, neg_min, 32
-    if kind == "Q6_K":
-        n = raw.shape[0]
-        ql, qh = raw[:, :128].reshape(n, 2, 64), raw[:, 128:192].reshape(n, 2, 32)
-        sc = raw[:, 192:208].view(np.int8).astype(np.float32)
-        d = _f16(raw[:, 208:210]).astype(np.float32)
-        low = np.stack([ql & 0x0F, ql >> 4], axis=2).reshape(n, 2, 4, 32)            # (half, quarter, 32)
-        high = np.stack([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=2)                 # (n, 2, 4, 32)
-        q = ((low | (high << 4)).astype(np.int16) - 32).astype(np.int8).reshape(n, QK_K)
-        return q, d * sc, None, 16
     raise ValueError(f"no block layout for {kind}")
 
 
 def repack(kind: str, raw: np.ndarray, rows: int, cols: int) -> Packed:
     """A GGUF block tensor's bytes (as the gguf reader gives them) -> Packed (rows, cols)."""
-    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows * cols // _block_len(kind), -1)
+    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows * cols // 32, -1)
     q, scale, mn, sub = _unpack(kind, raw)
     q = q.reshape(rows, cols)
     scale = np.ascontiguousarray(scale.reshape(rows, cols // sub))
@@ -112,10 +80,6 @@ def repack(kind: str, raw: np.ndarray, rows: int, cols: int) -> Packed:
     if q.dtype == np.uint8:
         return Packed(Q4, pack4(q), scale, mn, sub)
     return Packed(Q8, np.ascontiguousarray(q), scale, mn, sub)
-
-
-def _block_len(kind: str) -> int:
-    return QK_K if kind.endswith("_K") else 32
 
 
 # ---- back to floats (torch): the reference the kernels and the fp32 path use -------------------

@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model.kernels.cpu import native
+from model.quant import file_blocks
 from model.quant.blocks import Q4, Q8, dequantize
 
 SCRATCH_MAX = 4 << 20   # floats: a 16 MB buffer serves every layer's matrix of models this size
@@ -30,7 +31,7 @@ def _scratch(n: int) -> torch.Tensor:
 
 
 DENSE = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
-KIND_CODE = {"f32": 0, "f16": 1, "bf16": 2, Q8: 3, Q4: 4}
+KIND_CODE = {"f32": 0, "f16": 1, "bf16": 2, Q8: 3, Q4: 4, **file_blocks.KIND_CODE}
 
 
 class QLinear(nn.Module):
@@ -43,7 +44,8 @@ class QLinear(nn.Module):
         self.register_buffer("min", mn, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.float().contiguous(), persistent=False)
         rows, n = q.shape
-        self.out_features, self.in_features = rows, n * 2 if kind == Q4 else n
+        cols = file_blocks.cols_of(kind, n) if kind in file_blocks.KINDS else n * 2 if kind == Q4 else n
+        self.out_features, self.in_features = rows, cols
         self._qw: native.QW | None = None
 
     def set_bias(self, bias: torch.Tensor) -> None:
@@ -56,7 +58,12 @@ class QLinear(nn.Module):
 
     @property
     def blocks(self) -> bool:
-        return self.kind in (Q4, Q8)
+        return self.kind in (Q4, Q8) or self.file_format
+
+    @property
+    def file_format(self) -> bool:
+        """Blocks kept as the GGUF's own bytes (file_blocks.py): no scale tensors of ours."""
+        return self.kind in file_blocks.KINDS
 
     def nbytes(self) -> int:
         """Bytes a token's matmul reads."""
@@ -65,7 +72,7 @@ class QLinear(nn.Module):
     def qw(self) -> native.QW:
         """The C view of this weight (pointers into the buffers, which never move)."""
         if self._qw is None:
-            sub = self.in_features // self.scale.shape[1] if self.blocks else 0
+            sub = self.in_features // self.scale.shape[1] if self.blocks and not self.file_format else 0
             sdt = int(self.scale is not None and self.scale.dtype == torch.float32)
             ptrs = [t.data_ptr() if t is not None else None for t in (self.q, self.scale, self.min, self.bias)]
             self._qw = native.QW(KIND_CODE[self.kind], sdt, self.out_features, self.in_features, sub, 0, *ptrs)
@@ -88,6 +95,14 @@ class QLinear(nn.Module):
         """fp32 rows `idx` (all rows for None), in PyTorch: the embedding lookup."""
         if not self.blocks:
             return (self.q if idx is None else self.q[idx]).float()
+        if self.file_format:
+            if idx is None and (lib := native.library()) is not None:   # the C dequantizer: same bits, faster
+                out = torch.empty(self.out_features, self.in_features)
+                lib.qd_dequant(self.qw(), out.data_ptr(), torch.get_num_threads())
+                return out
+            flat = None if idx is None else idx.reshape(-1)
+            out = file_blocks.dequantize(self.kind, self.q if flat is None else self.q[flat])
+            return out if idx is None else out.reshape(*idx.shape, self.in_features)
         if idx is None:
             return dequantize(self.kind, self.q, self.scale, self.min)
         flat = idx.reshape(-1)

@@ -21,6 +21,7 @@ from pathlib import Path
 from model.paths import cache_root
 
 SOURCE = Path(__file__).with_name("qdecode.c")
+HEADERS = (Path(__file__).with_name("qformats.h"),)   # #included by qdecode.c: part of the build's key
 ATTEMPTS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3", "-march=native"], ["-O3"])
 
 
@@ -51,7 +52,8 @@ def compiler() -> str | None:
 def _target(flags: list[str], cc: str) -> Path:
     """Beside the source when the install is writable (one build for every chat home), else in
     the cache directory."""
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *flags, sys.platform]).encode()).hexdigest()[:16]
+    source = SOURCE.read_bytes() + b"".join(h.read_bytes() for h in HEADERS)
+    key = hashlib.sha256(source + " ".join([cc, *flags, sys.platform]).encode()).hexdigest()[:16]
     here = SOURCE.parent / "build"
     if os.access(here if here.exists() else SOURCE.parent, os.W_OK):
         return here / f"qdecode-{key}.so"

@@ -28,7 +28,7 @@
 #define PREFETCH 2048   /* bytes ahead in a weight stream: 6.2 -> 5.2 ms a token (1,024: 5.2; 4,096: 5.4) */
 #endif
 
-enum { K_F32 = 0, K_F16 = 1, K_BF16 = 2, K_Q8 = 3, K_Q4 = 4 };
+enum { K_F32 = 0, K_F16 = 1, K_BF16 = 2, K_Q8 = 3, K_Q4 = 4 };   /* 5 and up: qformats.h */
 enum { S_F16 = 0, S_F32 = 1 };
 enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
 
@@ -188,7 +188,10 @@ static float dot_dense(const QW *w, int r, const float *x) {
     return acc;
 }
 
+#include "qformats.h"   /* the GGUF formats read as the file stores them (K_Q5_0 and after) */
+
 static float dot_blocks(const QW *w, int r, const Act *a) {
+    if (w->kind >= K_FILE_FIRST) return dot_file(w, r, a);
     const int nb = w->cols / 32, per = 32 / w->sub;   /* scales per 32-block: 1 or 2 */
     const size_t sb = (size_t)r * nb * per;
     float acc = 0.f, macc = 0.f;
@@ -313,8 +316,10 @@ static void rows2(const QW *w, int r, const Act *a, float *out) {
 static void gemv(const QW *w, const Act *a, float *y, int r0, int r1) {
     int r = r0;
 #ifdef QD_AVX2
-    if (w->kind >= K_Q8 && w->sub == 32)
+    if ((w->kind == K_Q8 || w->kind == K_Q4) && w->sub == 32)
         for (; r + 2 <= r1; r += 2) rows2(w, r, a, y + r);
+    if (w->kind >= K_FILE_FIRST)
+        for (; r + 2 <= r1; r += 2) dot2_file(w, r, a, y + r);
 #endif
     if (w->kind >= K_Q8) for (; r < r1; r++) y[r] = dot_blocks(w, r, a);
     else for (; r < r1; r++) y[r] = dot_dense(w, r, a->x);
@@ -328,6 +333,7 @@ static void dequant_row(const QW *w, int r, float *out) {
     if (w->kind == K_F32) { memcpy(out, (const float *)w->q + o, n * sizeof(float)); return; }
     if (w->kind == K_F16) { for (int j = 0; j < n; j++) out[j] = h2f(((const uint16_t *)w->q)[o + j]); return; }
     if (w->kind == K_BF16) { for (int j = 0; j < n; j++) out[j] = bf2f(((const uint16_t *)w->q)[o + j]); return; }
+    if (w->kind >= K_FILE_FIRST) { dequant_file(w, r, out); return; }
     const size_t sb = o / w->sub;
     int j = 0;
 #ifdef QD_AVX2
