@@ -34,7 +34,7 @@ ROWS, COLS = 24, 512
 @pytest.fixture(scope="module")
 def portable() -> ctypes.CDLL:
     """The kernels built without -march=native: the plain C path other CPUs run."""
-    lib = native.build(["-O3", "-fopenmp"])
+    lib = native.build(["-O3", "-fopenmp", "-pthread"])
     assert lib is not None and lib.qd_simd() == 0
     return lib
 

@@ -21,7 +21,8 @@ from pathlib import Path
 from model.paths import cache_root
 
 SOURCE = Path(__file__).with_name("qdecode.c")
-ATTEMPTS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3", "-march=native"], ["-O3"])
+ATTEMPTS = (["-O3", "-march=native", "-fopenmp", "-pthread"], ["-O3", "-fopenmp", "-pthread"],
+            ["-O3", "-march=native", "-pthread"], ["-O3", "-pthread"])
 
 
 class QW(ctypes.Structure):
@@ -48,10 +49,16 @@ def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
+def sources() -> list[Path]:
+    """qdecode.c and the files it includes (all of this folder's C): a change to any rebuilds."""
+    return sorted(SOURCE.parent.glob("*.c"))
+
+
 def _target(flags: list[str], cc: str) -> Path:
     """Beside the source when the install is writable (one build for every chat home), else in
     the cache directory."""
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *flags, sys.platform]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(b"".join(f.read_bytes() for f in sources()) + " ".join([cc, *flags, sys.platform]).encode())
+    key = key.hexdigest()[:16]
     here = SOURCE.parent / "build"
     if os.access(here if here.exists() else SOURCE.parent, os.W_OK):
         return here / f"qdecode-{key}.so"
