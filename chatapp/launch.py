@@ -30,6 +30,7 @@ from kvcache.attention import available_backends
 from model.errors import UserError
 from model.kernels.cpu import native
 from model.loading import LoadOptions, load_model
+from model.threads import use_threads
 
 Warn = Callable[[str], object]
 
@@ -106,6 +107,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def open_session(args: argparse.Namespace, progress=None, warn: Warn | None = None) -> Session:
     if args.context is not None and args.context < 16:
         raise UserError("--context must be at least 16 tokens")
+    use_threads(getattr(args, "threads", None))
     settings = settings_from(args)
     if note := native_note(args):
         (warn or to_stderr)(note)

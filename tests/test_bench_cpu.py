@@ -118,3 +118,31 @@ def test_cpu_peer_bench_without_a_peer_still_ends_in_json(capsys, monkeypatch):
     assert cp["disk"]["ours_bytes"] is None and cp["disk"]["gguf_bytes"] is None
     assert cp["targets"]["prefill"] == {"target": ">= 3.0", "value": None, "met": None}
     assert cp["targets"]["rss_mb"]["value"] == hl["rss_after_turn_bytes"] / 1e6
+
+
+def test_busy_bench_runs_under_its_own_hog_and_ends_in_json(capsys, monkeypatch):
+    import psutil
+
+    monkeypatch.delenv(ENV, raising=False)
+    seen = []
+    from chatapp.bench import busy
+
+    real = busy.ours_with
+
+    def spy(*a, **k):   # which runs had a `yes` child alive
+        seen.append(any(p.name() == "yes" for p in psutil.Process().children()))
+        return real(*a, **k)
+
+    monkeypatch.setattr(busy, "ours_with", spy)
+    assert main(["--cpu-peer", "--busy", "--device", "cpu", "--models", "random:tiny", "--pp", "16", "--tg", "4",
+                 "--peer-reps", "1", "--threads", "2"]) == 0
+    assert seen == [False, True, True]   # quiet 1 thread, then busy default threads and busy 1 thread
+    assert not any(p.name() == "yes" for p in psutil.Process().children())   # the hog is gone
+    out = capsys.readouterr().out.strip().splitlines()
+    assert any(line.startswith("ours, busy, 2 threads (default)") for line in out)
+    res = json.loads(out[-1])["models"][0]["cpu_busy"]
+    assert res["busy_default"]["threads"] == 2 and res["busy_1t"]["threads"] == 1
+    assert res["busy_default"]["decode"]["tok_s"] > 0 and res["quiet_1t"]["prefill"]["tok_s"] > 0
+    assert res["llama_cpp_busy"] == {"skipped": "no llama-bench"}
+    assert res["targets"]["decode_vs_llama_cpp"]["met"] is None
+    assert res["targets"]["decode_vs_quiet_1t"]["value"] > 0

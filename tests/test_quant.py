@@ -301,3 +301,27 @@ def test_without_the_kernels_the_app_runs_dequantized_with_a_note(mixed_gguf, tm
                     "dequantized to fp32 (slower, more memory)"]
     turns = [e for e in map(json.loads, p.stdout.decode().splitlines()) if e["event"] == "turn"]
     assert len(turns) == 1 and turns[0]["cache_seqlens"] > 0
+
+
+def test_a_descheduled_thread_delays_nobody(mixed_gguf, home):
+    """A build whose second thread sleeps 50 ms on every third block it claims (what a busy
+    machine does to a thread): the other thread computes those blocks too and never waits, so
+    a token takes far less than one such sleep, and the logits are the one-thread step's."""
+    import time
+
+    stalled = native.build(["-O3", "-march=native", "-fopenmp", "-pthread", "-DQD_STALL_US=50000"])
+    assert stalled is not None
+    q, _ = both(mixed_gguf)
+    out, times = [], []
+    for lib, threads in ((native.library(), 1), (stalled, 2)):
+        cache = q.model.new_cache(96)
+        step = CpuStep(q.model, cache, threads=threads)
+        step.lib, ctx = lib, step.ctx   # rebuild the context on the stalling library
+        native.library().qd_free(ctx)
+        step.ctx = lib.qd_new(ctypes.byref(step.model))
+        t = time.perf_counter()
+        out.append(torch.stack([step(tok).clone() for tok in range(3, 43)]))
+        times.append((time.perf_counter() - t) / 40)
+        del step
+    torch.testing.assert_close(out[0], out[1], atol=1e-3, rtol=1e-3)
+    assert times[1] < 0.02, f"{times[1] * 1e3:.1f} ms a token: the step waited for the sleeping thread"

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-from chatapp.bench.cpu import cpu_peer, print_cpu_peer
+from chatapp.bench.busy import busy_run, print_busy
+from chatapp.bench.cpu import cpu_peer, print_cpu_peer, sources
 from chatapp.bench.decode import decode_at, peak_bandwidth, weight_bytes_per_token, with_mbu
-from chatapp.bench.llamacpp import ENV
+from chatapp.bench.llamacpp import ENV, find_binary
 from chatapp.bench.longchat import long_chat, print_long_chat
 from chatapp.bench.models import resolve
 from chatapp.bench.peer import hf_static_decode
@@ -62,6 +63,7 @@ class BenchArgs:
     pp: int = 512
     tg: int = 64
     depth: int = 1500
+    busy: bool = False
 
 
 def positive(text: str) -> int:
@@ -112,11 +114,15 @@ def parse(argv: list[str]) -> BenchArgs:
                    "same GGUF, threads and contexts (chatapp.bench.cpu; default model 'default')")
     p.add_argument("--llama-bench", help=f"--cpu-peer: the llama-bench binary (default: ${ENV}; none: peer skipped)")
     p.add_argument("--threads", type=positive, help="--cpu-peer: threads for both (default: torch's current count)")
+    p.add_argument("--busy", action="store_true", help="--cpu-peer: instead, ours and llama.cpp while the bench's "
+                   "own hog keeps one core busy (chatapp.bench.busy)")
     p.add_argument("--peer-reps", type=positive, default=3, help="--cpu-peer: repetitions of each test (default 3)")
     p.add_argument("--pp", type=positive, default=512, help="--cpu-peer: prefill test tokens (default 512)")
     p.add_argument("--tg", type=positive, default=64, help="--cpu-peer: decode test tokens (default 64)")
     p.add_argument("--depth", type=positive, default=1500, help="--cpu-peer: the deep decode's depth (default 1500)")
     a = p.parse_args(argv)
+    if a.busy and not a.cpu_peer:
+        p.error("--busy is a --cpu-peer run")
     if a.cpu_peer and a.long_chat:
         p.error("--cpu-peer and --long-chat are separate runs")
     device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -140,7 +146,7 @@ def parse(argv: list[str]) -> BenchArgs:
         profile=gpu and not a.no_profile, ttft_reps=a.ttft_reps or (3 if gpu else 1),
         resume=a.resume, long_chat=a.long_chat, context=a.context, old_turns=a.old_turns or turns,
         cpu_peer=a.cpu_peer, llama_bench=a.llama_bench, threads=a.threads or torch.get_num_threads(),
-        peer_reps=a.peer_reps, pp=a.pp, tg=a.tg, depth=a.depth)
+        peer_reps=a.peer_reps, pp=a.pp, tg=a.tg, depth=a.depth, busy=a.busy)
 
 
 def capacity_for(lm, args: BenchArgs) -> int:
@@ -240,6 +246,11 @@ def long_chat_model(spec: str, args: BenchArgs) -> dict:
 
 def cpu_peer_model(spec: str, args: BenchArgs) -> dict:
     lm, note = resolve(spec, load_options(args), args.gguf)
+    if args.busy:
+        _, gguf, _ = sources(spec, args.gguf)
+        binary, _ = find_binary(args.llama_bench)
+        res = busy_run(lm, str(gguf) if gguf else None, binary, args.threads, args.pp, args.tg, args.peer_reps)
+        return {"model": lm.name, "spec": spec, "note": note, "device": args.device, "cpu_busy": res}
     res = cpu_peer(lm, spec, args.gguf, args.llama_bench, args.threads, args.pp, args.tg, args.depth, args.peer_reps)
     return {"model": lm.name, "spec": spec, "note": note, "device": args.device, "cpu_peer": res}
 
@@ -254,7 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     for spec in args.models:
         if args.cpu_peer:
             res = cpu_peer_model(spec, args)
-            print_cpu_peer(res["model"], res["note"], res["cpu_peer"])
+            if "cpu_busy" in res:
+                print_busy(res["model"], res["cpu_busy"])
+            else:
+                print_cpu_peer(res["model"], res["note"], res["cpu_peer"])
         elif args.long_chat:
             res = long_chat_model(spec, args)
             print_long_chat(res["model"], res["note"], res["long_chat"])

@@ -7,6 +7,10 @@
  * K/V write, the softmax merge, the residual, quantizing the next input) once, on shared
  * buffers, and opens the next phase.
  */
+#ifdef QD_STALL_US
+#include <unistd.h>
+#endif
+
 enum { PH_IDLE = 0, PH_QKV, PH_ATTN, PH_WO, PH_GU, PH_DOWN, PH_HEAD };
 
 #ifndef BLOCK_BYTES
@@ -197,6 +201,9 @@ static float *compute(Ctx *c, const Phase *p, int b, int tid, size_t *n) {
 static void run_block(Ctx *c, const Phase *p, uint64_t s, int b, int tid) {
     size_t n;
     float *dst = compute(c, p, b, tid, &n);
+#ifdef QD_STALL_US   /* tests: a worker the OS takes away while it holds a third of its blocks */
+    if (tid > 0 && b % 3 == 0) usleep(QD_STALL_US);
+#endif
     if (!pool_take(&c->pool, s, b)) return;   /* someone else published it first */
     memcpy(dst, c->priv + (size_t)tid * c->priv_n, n * sizeof(float));
     if (pool_published(&c->pool, s, b, p->nb)) after(c, p, s);
