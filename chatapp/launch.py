@@ -65,8 +65,10 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
 def native_note(args: argparse.Namespace) -> str | None:
     """Why a CPU run falls back to the slower fp32 path, once, or None."""
     on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
-    if args.dtype != "auto" or not on_cpu or native.library() is not None:
+    if args.dtype != "auto" or not on_cpu:
         return None
+    if native.library() is not None:
+        return native.portable_note()
     return (f"nanochat-tui: note: CPU kernels unavailable ({native.why_not()}); quantized models run "
             "dequantized to fp32 (slower, more memory)")
 

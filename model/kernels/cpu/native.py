@@ -99,14 +99,17 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 def library() -> ctypes.CDLL | None:
     """The compiled kernels, building them on first use; None without a working C compiler
     (or with NANOCHAT_NATIVE=0)."""
-    if os.environ.get("NANOCHAT_NATIVE", "1") == "0":
+    mode = os.environ.get("NANOCHAT_NATIVE", "1")
+    if mode == "0":
         return None
-    return next((lib for flags in ATTEMPTS if (lib := build(flags)) is not None), None)
+    attempts = [f for f in ATTEMPTS if "-march=native" not in f] if mode == "portable" else ATTEMPTS
+    return next((lib for flags in attempts if (lib := build(flags)) is not None), None)
 
 
-def build(flags: list[str]) -> ctypes.CDLL | None:
-    """The kernels compiled with `flags` (reused when built before), or None."""
-    if (cc := compiler()) is None:
+def build(flags: list[str], cc: str | None = None) -> ctypes.CDLL | None:
+    """The kernels compiled with `flags` by `cc` (default: compiler()), reused when built before;
+    None when that fails."""
+    if (cc := cc or compiler()) is None:
         return None
     out = _target(flags, cc)
     if out.exists() or _compile(cc, flags, out):
@@ -115,6 +118,17 @@ def build(flags: list[str]) -> ctypes.CDLL | None:
         except OSError:
             out.unlink(missing_ok=True)
     return None
+
+
+def portable_note() -> str | None:
+    """One line when the kernels run their portable C path (a CPU without AVX2, FMA and F16C,
+    or NANOCHAT_NATIVE=portable), else None."""
+    lib = library()
+    if lib is None or lib.qd_simd():
+        return None
+    why = "NANOCHAT_NATIVE=portable" if os.environ.get("NANOCHAT_NATIVE") == "portable" else \
+        "this CPU has no AVX2/FMA/F16C"
+    return f"nanochat-tui: note: CPU kernels built without SIMD ({why}); decode runs the portable C path (slower)"
 
 
 def why_not() -> str:

@@ -526,11 +526,13 @@ static void attn_part(const Model *m, const float *q, const uint16_t *kc, const 
 #include "decode_step.c"
 
 /* ---- for the prefill and the tests ---------------------------------------------------------------- */
+#ifdef _OPENMP
 static void split(int n, int tid, int nt, int *a, int *b) {
     int per = ((n + nt - 1) / nt + 7) & ~7;   /* whole 8-row groups: no two threads share a cache line of y */
     *a = tid * per < n ? tid * per : n;
     *b = (tid + 1) * per < n ? (tid + 1) * per : n;
 }
+#endif
 
 void qd_dequant(const QW *w, float *out, int n_threads) {
 #ifdef _OPENMP
