@@ -277,16 +277,16 @@ static void rows2(const QW *w, int r, const Act *a, float *out) {
     __m256 v0 = _mm256_setzero_ps(), v1 = v0;
     if (w->kind == K_Q4) {
         const uint8_t *q0 = (const uint8_t *)w->q + (size_t)r * nb * 16, *q1 = q0 + (size_t)nb * 16;
-        const __m128i m4 = _mm_set1_epi8(0x0f);
+        const __m256i m16 = _mm256_set1_epi16(0x0f);
         for (int b = 0; b < nb; b++) {
             _mm_prefetch((const char *)(q0 + 16 * b) + PREFETCH, _MM_HINT_T0);
             const __m256i *xp = (const __m256i *)(a->q + 32 * b);
             __m256i x0 = _mm256_loadu_si256(xp), x1 = _mm256_loadu_si256(xp + 1);
             __m128i r0 = _mm_loadu_si128((const __m128i *)(q0 + 16 * b)), r1 = _mm_loadu_si128((const __m128i *)(q1 + 16 * b));
-            __m256i p0 = DOT2(_mm256_cvtepu8_epi16(_mm_and_si128(r0, m4)), x0,
-                              _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(r0, 4), m4)), x1);
-            __m256i p1 = DOT2(_mm256_cvtepu8_epi16(_mm_and_si128(r1, m4)), x0,
-                              _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(r1, 4), m4)), x1);
+            /* widen the bytes once: a 16-bit lane's low nibble is value j, the rest (>> 4) value j + 16 */
+            __m256i w0 = _mm256_cvtepu8_epi16(r0), w1 = _mm256_cvtepu8_epi16(r1);
+            __m256i p0 = DOT2(_mm256_and_si256(w0, m16), x0, _mm256_srli_epi16(w0, 4), x1);
+            __m256i p1 = DOT2(_mm256_and_si256(w1, m16), x0, _mm256_srli_epi16(w1, 4), x1);
             v0 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sd[0][b]), _mm256_cvtepi32_ps(p0), v0);
             v1 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sd[1][b]), _mm256_cvtepi32_ps(p1), v1);
         }
