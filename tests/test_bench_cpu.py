@@ -136,13 +136,14 @@ def test_busy_bench_runs_under_its_own_hog_and_ends_in_json(capsys, monkeypatch)
     monkeypatch.setattr(busy, "ours_with", spy)
     assert main(["--cpu-peer", "--busy", "--device", "cpu", "--models", "random:tiny", "--pp", "16", "--tg", "4",
                  "--peer-reps", "1", "--threads", "2"]) == 0
-    assert seen == [False, True, True]   # quiet 1 thread, then busy default threads and busy 1 thread
+    assert seen == [False, True, True, False]   # quiet 1 thread, busy default and 1 thread, quiet again
     assert not any(p.name() == "yes" for p in psutil.Process().children())   # the hog is gone
     out = capsys.readouterr().out.strip().splitlines()
     assert any(line.startswith("ours, busy, 2 threads (default)") for line in out)
     res = json.loads(out[-1])["models"][0]["cpu_busy"]
     assert res["busy_default"]["threads"] == 2 and res["busy_1t"]["threads"] == 1
     assert res["busy_default"]["decode"]["tok_s"] > 0 and res["quiet_1t"]["prefill"]["tok_s"] > 0
+    assert len(res["quiet_1t"]["decode"]["samples_tok_s"]) == 2   # one rep before the hog, one after
     assert res["llama_cpp_busy"] == {"skipped": "no llama-bench"}
     assert res["targets"]["decode_vs_llama_cpp"]["met"] is None
     assert res["targets"]["decode_vs_quiet_1t"]["value"] > 0

@@ -2,7 +2,8 @@
 
 A laptop always runs something else. This run starts its own hog (`yes > /dev/null`, pinned to
 one CPU where the OS allows) and measures, in one process:
-- ours on a quiet machine (no hog) with 1 thread: the reference the targets divide by;
+- ours on a quiet machine (no hog) with 1 thread, before and after the busy runs (the samples of
+  both together): the reference the targets divide by;
 - ours under the hog with the default threads (`--threads`) and with 1 thread;
 - llama.cpp's llama-bench under the same hog with `-t THREADS` (and `-t 1`).
 Each is decode tok/s of `--tg` tokens after a short prompt and prefill tok/s of `--pp` tokens.
@@ -21,6 +22,7 @@ from contextlib import contextmanager
 
 import torch
 
+from chatapp.bench.cpu import _spread
 from chatapp.bench.footprint import run_measured
 from chatapp.bench.llamacpp import parse_tests, pick
 
@@ -51,7 +53,7 @@ def hog():
 def ours_with(lm, threads: int, pp: int, tg: int, reps: int) -> dict:
     """Our decode and prefill rates on `threads` threads (a fresh Generator: the C step takes
     its thread count when it is built)."""
-    from chatapp.bench.cpu import _spread, prefill_rate
+    from chatapp.bench.cpu import prefill_rate
     from chatapp.bench.decode import decode_at
     from model.generate import Generator
 
@@ -88,7 +90,7 @@ def _rate(r: dict | None, key: str) -> float | None:
 
 def busy_run(lm, gguf: str | None, binary: str | None, threads: int, pp: int, tg: int, reps: int) -> dict:
     res: dict = {"threads": threads, "pp": pp, "tg": tg, "reps": reps, "hog": "yes > /dev/null, one CPU"}
-    res["quiet_1t"] = ours_with(lm, 1, pp, tg, reps)
+    before = ours_with(lm, 1, pp, tg, reps)
     with hog():
         res["busy_default"] = ours_with(lm, threads, pp, tg, reps)
         res["busy_1t"] = ours_with(lm, 1, pp, tg, reps)
@@ -97,6 +99,11 @@ def busy_run(lm, gguf: str | None, binary: str | None, threads: int, pp: int, tg
             res["llama_cpp_busy_1t"] = llama_with(binary, gguf, 1, pp, tg, reps) if threads != 1 else None
         else:
             res["llama_cpp_busy"] = {"skipped": "no llama-bench" if not binary else "the model is not from a GGUF"}
+    # quiet again after the busy runs: the machine's other load drifts, and the reference is
+    # every quiet sample, before and after
+    after = ours_with(lm, 1, pp, tg, reps)
+    res["quiet_1t"] = {"threads": 1, **{k: _spread(before[k]["samples_tok_s"] + after[k]["samples_tok_s"])
+                                        for k in ("decode", "prefill")}}
     ours, quiet, peer = res["busy_default"], res["quiet_1t"], res["llama_cpp_busy"]
     values = {"decode_vs_quiet_1t": _ratio(_rate(ours, "decode"), _rate(quiet, "decode")),
               "prefill_vs_quiet_1t": _ratio(_rate(ours, "prefill"), _rate(quiet, "prefill")),
