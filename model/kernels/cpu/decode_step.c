@@ -257,8 +257,11 @@ void *qd_new(const Model *m) {
     if (qd > w) w = qd;
     c->slot = 2 * (size_t)g + (size_t)g * m->head_dim;
     c->priv_n = 2 * RMAX > c->slot ? 2 * RMAX : c->slot;
-    int max_nb = (m->cap / CHUNK_MIN + 2) * m->n_kv, head_nb = m->vocab / 8 + 1;
-    if (head_nb > max_nb) max_nb = head_nb;
+    /* a matmul's blocks hold >= 8 rows; attention's >= CHUNK_MIN keys of one KV head */
+    int rows = m->vocab > m->hidden ? m->vocab : m->hidden, max_nb = (m->cap / CHUNK_MIN + 2) * m->n_kv;
+    if ((int)(qd + 2 * kvd) > rows) rows = (int)(qd + 2 * kvd);
+    if (m->dim > rows) rows = m->dim;
+    if (rows / 8 + 1 > max_nb) max_nb = rows / 8 + 1;
     c->x = malloc(sizeof(float) * m->dim);
     c->xn = malloc(sizeof(float) * w);
     c->qkv = malloc(sizeof(float) * (qd + 2 * kvd));
@@ -276,9 +279,10 @@ void *qd_new(const Model *m) {
         !c->scores || pool_init(&c->pool, max_nb) != 0) { qd_free(c); return NULL; }
     c->ph.kind = PH_IDLE;
     c->workers = calloc((size_t)nt, sizeof(pthread_t));
-    for (int t = 1; t < nt; t++) {
+    if (!c->workers) { qd_free(c); return NULL; }
+    for (int t = 1; t < nt; t++) {   /* fewer threads if the OS gives fewer: the work is shared out anyway */
         WorkerArg *a = malloc(sizeof *a);
-        *a = (WorkerArg){c, t};
+        if (a) *a = (WorkerArg){c, t};
         if (!a || pthread_create(&c->workers[t], NULL, worker, a) != 0) { free(a); c->nt = t; break; }
     }
     return c;
@@ -291,8 +295,8 @@ void qd_free(void *p) {
         pool_quit(&c->pool);
         for (int t = 1; t < c->nt; t++) pthread_join(c->workers[t], NULL);
         free(c->workers);
-        pool_destroy(&c->pool);
     }
+    if (c->pool.st) pool_destroy(&c->pool);
     free(c->x); free(c->xn); free(c->qkv); free(c->att); free(c->y); free(c->h); free(c->aq); free(c->ad);
     free(c->as); free(c->slots); free(c->priv); free(c->scores); free(c);
 }
