@@ -1,9 +1,10 @@
 """Builds qdecode.c once per machine and loads it with ctypes.
 
-The library is compiled with the machine's own C compiler (-O3 -march=native, OpenMP), at
-install time (install.sh) or on first use, named by a hash of the source and the flags, so an upgrade rebuilds it
-and two processes never load a half-written file. Without a compiler `library()` returns
-None and the caller runs the slower PyTorch path (launch prints why once).
+The library is compiled with the machine's own C compiler (-O3 -march=native, pthreads, OpenMP
+where it has it), at install time (install.sh) or on first use, named by a hash of the sources
+and the flags, so an upgrade rebuilds it and two processes never load a half-written file.
+Without a compiler `library()` returns None and the caller runs the slower PyTorch path
+(launch prints why once).
 """
 
 from __future__ import annotations

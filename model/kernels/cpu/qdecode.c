@@ -2,7 +2,8 @@
  *
  * One call runs a whole token: embedding, every layer, the head. Python's per-op overhead
  * (about 17 ms a token in the eager step) is what made the CPU path slow, not the matmuls,
- * so the step lives here as one OpenMP parallel region with a barrier per matmul.
+ * so the step lives here, run by a pool of our own threads that share each phase's blocks out
+ * dynamically (pool.c, decode_step.c, docs/cpu-threads.md).
  *
  * Weight formats (docs/weight-formats.md): dense f32/f16/bf16 rows, or blocks along a row of
  *   Q8: int8 values, one scale per sub-block of 16 or 32 (and optionally a min), value = s*q + m
