@@ -4,6 +4,7 @@ the bytes a token reads, and a whole run without a peer on a tiny model (seconds
 from __future__ import annotations
 
 import json
+import os
 import stat
 from pathlib import Path
 
@@ -147,3 +148,16 @@ def test_busy_bench_runs_under_its_own_hog_and_ends_in_json(capsys, monkeypatch)
     assert res["llama_cpp_busy"] == {"skipped": "no llama-bench"}
     assert res["targets"]["decode_vs_llama_cpp"]["met"] is None
     assert res["targets"]["decode_vs_quiet_1t"]["value"] > 0
+
+
+def test_llama_cpp_runs_without_our_openmp_wait_policy(monkeypatch):
+    """We set OMP_WAIT_POLICY=PASSIVE for our own threads; llama-bench (OpenMP too) must not
+    inherit it, or the bench times a llama.cpp its users never run. A user's own setting stays."""
+    import model
+    from chatapp.bench.llamacpp import peer_env
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setattr(model, "OMP_WAIT_POLICY_DEFAULTED", True)
+    assert "OMP_WAIT_POLICY" not in peer_env() and peer_env()["PATH"] == os.environ["PATH"]
+    monkeypatch.setattr(model, "OMP_WAIT_POLICY_DEFAULTED", False)
+    assert peer_env()["OMP_WAIT_POLICY"] == "PASSIVE"

@@ -5,7 +5,8 @@ one CPU where the OS allows) and measures, in one process:
 - ours on a quiet machine (no hog) with 1 thread, before and after the busy runs (the samples of
   both together): the reference the targets divide by;
 - ours under the hog with the default threads (`--threads`) and with 1 thread;
-- llama.cpp's llama-bench under the same hog with `-t THREADS` (and `-t 1`).
+- llama.cpp's llama-bench under the same hog with `-t THREADS` (and `-t 1`), in the environment
+  its users have (llamacpp.peer_env: without the OMP_WAIT_POLICY=PASSIVE we set for ourselves).
 Each is decode tok/s of `--tg` tokens after a short prompt and prefill tok/s of `--pp` tokens.
 Targets (issue 24): ours busy with the default threads >= 0.7x our quiet 1-thread figure, for
 decode and for prefill; ours busy >= 10x llama.cpp `-t THREADS` busy.
@@ -24,7 +25,7 @@ import torch
 
 from chatapp.bench.cpu import _spread
 from chatapp.bench.footprint import run_measured
-from chatapp.bench.llamacpp import parse_tests, pick
+from chatapp.bench.llamacpp import parse_tests, peer_env, pick
 
 SHORT_PROMPT = 8
 TARGETS = {"decode_vs_quiet_1t": 0.7, "prefill_vs_quiet_1t": 0.7, "decode_vs_llama_cpp": 10.0,
@@ -72,7 +73,7 @@ def ours_with(lm, threads: int, pp: int, tg: int, reps: int) -> dict:
 
 def llama_with(binary: str, gguf: str, threads: int, pp: int, tg: int, reps: int) -> dict:
     cmd = [binary, "-m", gguf, "-t", str(threads), "-r", str(reps), "-o", "json", "-p", str(pp), "-n", str(tg)]
-    r = run_measured(cmd, 1800)
+    r = run_measured(cmd, 1800, env=peer_env())
     if r["rc"] != 0:
         return {"threads": threads, "skipped": "llama-bench failed: " + (r["stderr"].strip().splitlines() or ["?"])[-1],
                 "command": " ".join(cmd)}
