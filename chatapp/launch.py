@@ -30,6 +30,7 @@ from kvcache.attention import available_backends
 from model.errors import UserError
 from model.kernels.cpu import native
 from model.loading import LoadOptions, load_model
+from model.threads import use_threads
 
 Warn = Callable[[str], object]
 
@@ -64,8 +65,10 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
 def native_note(args: argparse.Namespace) -> str | None:
     """Why a CPU run falls back to the slower fp32 path, once, or None."""
     on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
-    if args.dtype != "auto" or not on_cpu or native.library() is not None:
+    if args.dtype != "auto" or not on_cpu:
         return None
+    if native.library() is not None:
+        return native.portable_note()
     return (f"nanochat-tui: note: CPU kernels unavailable ({native.why_not()}); quantized models run "
             "dequantized to fp32 (slower, more memory)")
 
@@ -106,6 +109,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def open_session(args: argparse.Namespace, progress=None, warn: Warn | None = None) -> Session:
     if args.context is not None and args.context < 16:
         raise UserError("--context must be at least 16 tokens")
+    use_threads(getattr(args, "threads", None))
     settings = settings_from(args)
     if note := native_note(args):
         (warn or to_stderr)(note)

@@ -14,6 +14,12 @@ from chatapp.chat.settings import DEFAULTS
 SUBCOMMANDS = ("pull", "tokenize", "bench", "serve")
 
 
+def threads(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--threads takes a whole number of threads, at least 1 (got {text!r})")
+    return int(text)
+
+
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model spec: a directory, a .gguf, random:tiny, nanochat:sft "
                    "(default: SmolLM2-135M-Instruct, fetched once)")
@@ -21,6 +27,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--attn", default="auto", choices=["auto", "fa3", "fa2", "sdpa"])
     p.add_argument("--step", type=int, help="nanochat: checkpoint step (default: the last)")
+    p.add_argument("--threads", type=threads, help="CPU threads (default: the CPUs this process may use)")
     p.add_argument("--tokenizer", help="nanochat: path to tokenizer.pkl")
     p.add_argument("--model-tag", help="nanochat: model tag such as d20")
 

@@ -4,6 +4,7 @@ the bytes a token reads, and a whole run without a peer on a tiny model (seconds
 from __future__ import annotations
 
 import json
+import os
 import stat
 from pathlib import Path
 
@@ -118,3 +119,45 @@ def test_cpu_peer_bench_without_a_peer_still_ends_in_json(capsys, monkeypatch):
     assert cp["disk"]["ours_bytes"] is None and cp["disk"]["gguf_bytes"] is None
     assert cp["targets"]["prefill"] == {"target": ">= 3.0", "value": None, "met": None}
     assert cp["targets"]["rss_mb"]["value"] == hl["rss_after_turn_bytes"] / 1e6
+
+
+def test_busy_bench_runs_under_its_own_hog_and_ends_in_json(capsys, monkeypatch):
+    import psutil
+
+    monkeypatch.delenv(ENV, raising=False)
+    seen = []
+    from chatapp.bench import busy
+
+    real = busy.ours_with
+
+    def spy(*a, **k):   # which runs had a `yes` child alive
+        seen.append(any(p.name() == "yes" for p in psutil.Process().children()))
+        return real(*a, **k)
+
+    monkeypatch.setattr(busy, "ours_with", spy)
+    assert main(["--cpu-peer", "--busy", "--device", "cpu", "--models", "random:tiny", "--pp", "16", "--tg", "4",
+                 "--peer-reps", "1", "--threads", "2"]) == 0
+    assert seen == [False, True, True, False]   # quiet 1 thread, busy default and 1 thread, quiet again
+    assert not any(p.name() == "yes" for p in psutil.Process().children())   # the hog is gone
+    out = capsys.readouterr().out.strip().splitlines()
+    assert any(line.startswith("ours, busy, 2 threads (default)") for line in out)
+    res = json.loads(out[-1])["models"][0]["cpu_busy"]
+    assert res["busy_default"]["threads"] == 2 and res["busy_1t"]["threads"] == 1
+    assert res["busy_default"]["decode"]["tok_s"] > 0 and res["quiet_1t"]["prefill"]["tok_s"] > 0
+    assert len(res["quiet_1t"]["decode"]["samples_tok_s"]) == 2   # one rep before the hog, one after
+    assert res["llama_cpp_busy"] == {"skipped": "no llama-bench"}
+    assert res["targets"]["decode_vs_llama_cpp"]["met"] is None
+    assert res["targets"]["decode_vs_quiet_1t"]["value"] > 0
+
+
+def test_llama_cpp_runs_without_our_openmp_wait_policy(monkeypatch):
+    """We set OMP_WAIT_POLICY=PASSIVE for our own threads; llama-bench (OpenMP too) must not
+    inherit it, or the bench times a llama.cpp its users never run. A user's own setting stays."""
+    import model
+    from chatapp.bench.llamacpp import peer_env
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setattr(model, "OMP_WAIT_POLICY_DEFAULTED", True)
+    assert "OMP_WAIT_POLICY" not in peer_env() and peer_env()["PATH"] == os.environ["PATH"]
+    monkeypatch.setattr(model, "OMP_WAIT_POLICY_DEFAULTED", False)
+    assert peer_env()["OMP_WAIT_POLICY"] == "PASSIVE"

@@ -34,7 +34,7 @@ ROWS, COLS = 24, 512
 @pytest.fixture(scope="module")
 def portable() -> ctypes.CDLL:
     """The kernels built without -march=native: the plain C path other CPUs run."""
-    lib = native.build(["-O3", "-fopenmp"])
+    lib = native.build(["-O3", "-fopenmp", "-pthread"])
     assert lib is not None and lib.qd_simd() == 0
     return lib
 
@@ -305,5 +305,72 @@ def test_without_the_kernels_the_app_runs_dequantized_with_a_note(mixed_gguf, tm
     note = [line for line in p.stderr.decode().splitlines() if "CPU kernels unavailable" in line]
     assert note == ["nanochat-tui: note: CPU kernels unavailable (NANOCHAT_NATIVE=0); quantized models run "
                     "dequantized to fp32 (slower, more memory)"]
+    turns = [e for e in map(json.loads, p.stdout.decode().splitlines()) if e["event"] == "turn"]
+    assert len(turns) == 1 and turns[0]["cache_seqlens"] > 0
+
+
+def test_a_descheduled_thread_delays_nobody(mixed_gguf, home):
+    """A build whose second thread sleeps 50 ms on every third block it claims (what a busy
+    machine does to a thread): the other thread computes those blocks too and never waits, so
+    a token takes far less than one such sleep, and the logits are the one-thread step's."""
+    import time
+
+    stalled = native.build(["-O3", "-march=native", "-fopenmp", "-pthread", "-DQD_STALL_US=50000"])
+    assert stalled is not None
+    q, _ = both(mixed_gguf)
+    out, times = [], []
+    for lib, threads in ((native.library(), 1), (stalled, 2)):
+        cache = q.model.new_cache(96)
+        step = CpuStep(q.model, cache, threads=threads)
+        step.lib, ctx = lib, step.ctx   # rebuild the context on the stalling library
+        native.library().qd_free(ctx)
+        step.ctx = lib.qd_new(ctypes.byref(step.model))
+        t = time.perf_counter()
+        out.append(torch.stack([step(tok).clone() for tok in range(3, 43)]))
+        times.append((time.perf_counter() - t) / 40)
+        del step
+    torch.testing.assert_close(out[0], out[1], atol=1e-3, rtol=1e-3)
+    assert times[1] < 0.02, f"{times[1] * 1e3:.1f} ms a token: the step waited for the sleeping thread"
+
+
+def step_logits(lib: ctypes.CDLL, q, threads: int, n: int = 30) -> torch.Tensor:
+    """n tokens' logits from a C step whose context lives in `lib` (another build of the kernels)."""
+    step = CpuStep(q.model, q.model.new_cache(64), threads=threads)
+    native.library().qd_free(step.ctx)
+    step.lib, step.ctx = lib, lib.qd_new(ctypes.byref(step.model))
+    return torch.stack([step(tok).clone() for tok in range(3, 3 + n)])
+
+
+def test_portable_and_clang_builds_run_the_same_step(mixed_gguf, home, portable):
+    """The portable C path (what a CPU without AVX2 gets) and, where clang is installed, clang's
+    builds of both paths decode what the default build decodes."""
+    import shutil
+
+    q, _ = both(mixed_gguf)
+    want = step_logits(native.library(), q, 2)
+    builds = [portable]
+    if shutil.which("clang"):
+        for flags in (["-O3", "-march=native", "-pthread"], ["-O3", "-pthread"]):
+            lib = native.build(flags, cc="clang")
+            assert lib is not None, f"clang failed on qdecode.c with {flags}"
+            assert lib.qd_simd() == ("-march=native" in flags)
+            builds.append(lib)
+    for lib in builds:
+        torch.testing.assert_close(step_logits(lib, q, 2), want, atol=2e-3, rtol=2e-3)
+
+
+def test_portable_kernels_say_so_in_one_line(mixed_gguf, tmp_path, home):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NANOCHAT_NATIVE": "portable", "NANOCHAT_TUI_CHATS": str(tmp_path / "chats")}
+    p = subprocess.run([sys.executable, "-m", "chatapp.cli", "--headless", "--model", str(mixed_gguf),
+                        "--temperature", "0", "--max-new-tokens", "4"], input=b"hello\n", capture_output=True,
+                       timeout=300, env=env)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    note = [line for line in p.stderr.decode().splitlines() if "without SIMD" in line]
+    assert note == ["nanochat-tui: note: CPU kernels built without SIMD (NANOCHAT_NATIVE=portable); decode runs "
+                    "the portable C path (slower)"]
     turns = [e for e in map(json.loads, p.stdout.decode().splitlines()) if e["event"] == "turn"]
     assert len(turns) == 1 and turns[0]["cache_seqlens"] > 0

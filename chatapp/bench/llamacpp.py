@@ -21,6 +21,18 @@ from chatapp.bench.footprint import run_measured
 ENV = "NANOCHAT_LLAMA_BENCH"
 
 
+def peer_env() -> dict:
+    """The environment llama-bench runs in: ours, less the OMP_WAIT_POLICY=PASSIVE that
+    model/__init__.py sets for our own OpenMP threads (llama.cpp's OpenMP threads would inherit
+    it and stop spinning, which is not how its users run it); a value the user set stays."""
+    import model
+
+    env = dict(os.environ)
+    if model.OMP_WAIT_POLICY_DEFAULTED:
+        env.pop("OMP_WAIT_POLICY", None)
+    return env
+
+
 def find_binary(flag: str | None) -> tuple[str | None, str]:
     """(path, why not): the flag wins over the environment variable."""
     path = flag or os.environ.get(ENV)
@@ -64,7 +76,7 @@ def run_peer(binary: str, gguf: str, threads: int, pp: int | str, tg: int, depth
     runs = [[*base, "-p", str(pp), "-n", str(tg), "-d", "0"], [*base, "-p", "0", "-n", str(tg), "-d", str(depth)]]
     tests, peak, seconds = [], None, 0.0
     for cmd in runs:
-        r = run_measured(cmd, timeout)
+        r = run_measured(cmd, timeout, env=peer_env())
         if r["rc"] != 0:
             tail = (r["stderr"].strip().splitlines() or [f"exit code {r['rc']}"])[-1]
             why = "timed out" if r["timed_out"] else tail

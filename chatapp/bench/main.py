@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from chatapp.bench.cpu import cpu_peer, print_cpu_peer
+from chatapp.bench.busy import busy_run, print_busy
+from chatapp.bench.cpu import cpu_peer, print_cpu_peer, sources
 from chatapp.bench.decode import decode_at, peak_bandwidth, weight_bytes_per_token, with_mbu
 from chatapp.bench.gpu import gpu_peer, print_gpu_peer
-from chatapp.bench.llamacpp import ENV
+from chatapp.bench.llamacpp import ENV, find_binary
 from chatapp.bench.longchat import long_chat, print_long_chat
 from chatapp.bench.models import resolve
 from chatapp.bench.peer import hf_static_decode
@@ -65,6 +66,7 @@ class BenchArgs:
     pp: int = 512
     tg: int = 64
     depth: int = 1500
+    busy: bool = False
     gpu_peer: bool = False
     peer_ggufs: list[str] | None = None
 
@@ -118,6 +120,8 @@ def parse(argv: list[str]) -> BenchArgs:
     p.add_argument("--llama-bench", help=f"--cpu-peer, --gpu-peer: the llama-bench binary (default: ${ENV}; "
                    "none: peer skipped)")
     p.add_argument("--threads", type=positive, help="--cpu-peer: threads for both (default: torch's current count)")
+    p.add_argument("--busy", action="store_true", help="--cpu-peer: instead, ours and llama.cpp while the bench's "
+                   "own hog keeps one core busy (chatapp.bench.busy)")
     p.add_argument("--peer-reps", type=positive, default=3,
                    help="--cpu-peer, --gpu-peer: repetitions of each test (default 3)")
     p.add_argument("--pp", type=positive, default=512, help="--cpu-peer: prefill test tokens (default 512)")
@@ -128,6 +132,8 @@ def parse(argv: list[str]) -> BenchArgs:
     p.add_argument("--peer-gguf", type=specs, help="--gpu-peer: the GGUF llama.cpp runs for each model, "
                    "comma-separated in --models order (e.g. random GGUFs of the same shapes)")
     a = p.parse_args(argv)
+    if a.busy and not a.cpu_peer:
+        p.error("--busy is a --cpu-peer run")
     if sum((a.cpu_peer, a.long_chat, a.gpu_peer)) > 1:
         p.error("--cpu-peer, --gpu-peer and --long-chat are separate runs")
     device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -156,7 +162,8 @@ def parse(argv: list[str]) -> BenchArgs:
         profile=gpu and not a.no_profile, ttft_reps=a.ttft_reps or (3 if gpu else 1),
         resume=a.resume, long_chat=a.long_chat, context=a.context, old_turns=a.old_turns or turns,
         cpu_peer=a.cpu_peer, llama_bench=a.llama_bench, threads=a.threads or torch.get_num_threads(),
-        peer_reps=a.peer_reps, pp=a.pp, tg=a.tg, depth=a.depth, gpu_peer=a.gpu_peer, peer_ggufs=a.peer_gguf)
+        peer_reps=a.peer_reps, pp=a.pp, tg=a.tg, depth=a.depth, busy=a.busy, gpu_peer=a.gpu_peer,
+        peer_ggufs=a.peer_gguf)
 
 
 def capacity_for(lm, args: BenchArgs) -> int:
@@ -256,6 +263,11 @@ def long_chat_model(spec: str, args: BenchArgs) -> dict:
 
 def cpu_peer_model(spec: str, args: BenchArgs) -> dict:
     lm, note = resolve(spec, load_options(args), args.gguf)
+    if args.busy:
+        _, gguf, _ = sources(spec, args.gguf)
+        binary, _ = find_binary(args.llama_bench)
+        res = busy_run(lm, str(gguf) if gguf else None, binary, args.threads, args.pp, args.tg, args.peer_reps)
+        return {"model": lm.name, "spec": spec, "note": note, "device": args.device, "cpu_busy": res}
     res = cpu_peer(lm, spec, args.gguf, args.llama_bench, args.threads, args.pp, args.tg, args.depth, args.peer_reps)
     return {"model": lm.name, "spec": spec, "note": note, "device": args.device, "cpu_peer": res}
 
@@ -287,7 +299,10 @@ def main(argv: list[str] | None = None) -> int:
             print_gpu_peer(res["model"], res["note"], res["gpu_peer"])
         elif args.cpu_peer:
             res = cpu_peer_model(spec, args)
-            print_cpu_peer(res["model"], res["note"], res["cpu_peer"])
+            if "cpu_busy" in res:
+                print_busy(res["model"], res["cpu_busy"])
+            else:
+                print_cpu_peer(res["model"], res["note"], res["cpu_peer"])
         elif args.long_chat:
             res = long_chat_model(spec, args)
             print_long_chat(res["model"], res["note"], res["long_chat"])

@@ -1,9 +1,10 @@
 """Builds qdecode.c once per machine and loads it with ctypes.
 
-The library is compiled with the machine's own C compiler (-O3 -march=native, OpenMP), at
-install time (install.sh) or on first use, named by a hash of the source and the flags, so an upgrade rebuilds it
-and two processes never load a half-written file. Without a compiler `library()` returns
-None and the caller runs the slower PyTorch path (launch prints why once).
+The library is compiled with the machine's own C compiler (-O3 -march=native, pthreads, OpenMP
+where it has it), at install time (install.sh) or on first use, named by a hash of the sources
+and the flags, so an upgrade rebuilds it and two processes never load a half-written file.
+Without a compiler `library()` returns None and the caller runs the slower PyTorch path
+(launch prints why once).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from pathlib import Path
 from model.paths import cache_root
 
 SOURCE = Path(__file__).with_name("qdecode.c")
-HEADERS = (Path(__file__).with_name("qformats.h"),)   # #included by qdecode.c: part of the build's key
-ATTEMPTS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3", "-march=native"], ["-O3"])
+ATTEMPTS = (["-O3", "-march=native", "-fopenmp", "-pthread"], ["-O3", "-fopenmp", "-pthread"],
+            ["-O3", "-march=native", "-pthread"], ["-O3", "-pthread"])
 
 
 class QW(ctypes.Structure):
@@ -49,11 +50,17 @@ def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
+def sources() -> list[Path]:
+    """qdecode.c and the files it includes (all of this folder's C and headers): a change to any
+    rebuilds."""
+    return sorted([*SOURCE.parent.glob("*.c"), *SOURCE.parent.glob("*.h")])
+
+
 def _target(flags: list[str], cc: str) -> Path:
     """Beside the source when the install is writable (one build for every chat home), else in
     the cache directory."""
-    source = SOURCE.read_bytes() + b"".join(h.read_bytes() for h in HEADERS)
-    key = hashlib.sha256(source + " ".join([cc, *flags, sys.platform]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(b"".join(f.read_bytes() for f in sources()) + " ".join([cc, *flags, sys.platform]).encode())
+    key = key.hexdigest()[:16]
     here = SOURCE.parent / "build"
     if os.access(here if here.exists() else SOURCE.parent, os.W_OK):
         return here / f"qdecode-{key}.so"
@@ -94,14 +101,17 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 def library() -> ctypes.CDLL | None:
     """The compiled kernels, building them on first use; None without a working C compiler
     (or with NANOCHAT_NATIVE=0)."""
-    if os.environ.get("NANOCHAT_NATIVE", "1") == "0":
+    mode = os.environ.get("NANOCHAT_NATIVE", "1")
+    if mode == "0":
         return None
-    return next((lib for flags in ATTEMPTS if (lib := build(flags)) is not None), None)
+    attempts = [f for f in ATTEMPTS if "-march=native" not in f] if mode == "portable" else ATTEMPTS
+    return next((lib for flags in attempts if (lib := build(flags)) is not None), None)
 
 
-def build(flags: list[str]) -> ctypes.CDLL | None:
-    """The kernels compiled with `flags` (reused when built before), or None."""
-    if (cc := compiler()) is None:
+def build(flags: list[str], cc: str | None = None) -> ctypes.CDLL | None:
+    """The kernels compiled with `flags` by `cc` (default: compiler()), reused when built before;
+    None when that fails."""
+    if (cc := cc or compiler()) is None:
         return None
     out = _target(flags, cc)
     if out.exists() or _compile(cc, flags, out):
@@ -110,6 +120,17 @@ def build(flags: list[str]) -> ctypes.CDLL | None:
         except OSError:
             out.unlink(missing_ok=True)
     return None
+
+
+def portable_note() -> str | None:
+    """One line when the kernels run their portable C path (a CPU without AVX2, FMA and F16C,
+    or NANOCHAT_NATIVE=portable), else None."""
+    lib = library()
+    if lib is None or lib.qd_simd():
+        return None
+    why = "NANOCHAT_NATIVE=portable" if os.environ.get("NANOCHAT_NATIVE") == "portable" else \
+        "this CPU has no AVX2/FMA/F16C"
+    return f"nanochat-tui: note: CPU kernels built without SIMD ({why}); decode runs the portable C path (slower)"
 
 
 def why_not() -> str:

@@ -2,7 +2,8 @@
  *
  * One call runs a whole token: embedding, every layer, the head. Python's per-op overhead
  * (about 17 ms a token in the eager step) is what made the CPU path slow, not the matmuls,
- * so the step lives here as one OpenMP parallel region with a barrier per matmul.
+ * so the step lives here, run by a pool of our own threads that share each phase's blocks out
+ * dynamically (pool.c, decode_step.c, docs/cpu-threads.md).
  *
  * Weight formats (docs/weight-formats.md): dense f32/f16/bf16 rows, or blocks along a row of
  *   Q8: int8 values, one scale per sub-block of 16 or 32 (and optionally a min), value = s*q + m
@@ -143,6 +144,16 @@ static void quantize_act(Act *a) {
 
 /* ---- one row's dot product ---------------------------------------------------------------- */
 #ifdef QD_AVX2
+/* a0 . x0 + a1 . x1 in int32 pairs: two madds and an add, or two VNNI multiply-accumulates
+   where the CPU has them (AVX-512 VNNI with VL, or AVX-VNNI): one instruction fewer per 16
+   values, and the GEMVs are instruction-bound on one thread */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DOT2(a0, x0, a1, x1) _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(_mm256_setzero_si256(), a0, x0), a1, x1)
+#elif defined(__AVXVNNI__)
+#define DOT2(a0, x0, a1, x1) _mm256_dpwssd_avx_epi32(_mm256_dpwssd_avx_epi32(_mm256_setzero_si256(), a0, x0), a1, x1)
+#else
+#define DOT2(a0, x0, a1, x1) _mm256_add_epi32(_mm256_madd_epi16(a0, x0), _mm256_madd_epi16(a1, x1))
+#endif
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -270,16 +281,16 @@ static void rows2(const QW *w, int r, const Act *a, float *out) {
     __m256 v0 = _mm256_setzero_ps(), v1 = v0;
     if (w->kind == K_Q4) {
         const uint8_t *q0 = (const uint8_t *)w->q + (size_t)r * nb * 16, *q1 = q0 + (size_t)nb * 16;
-        const __m128i m4 = _mm_set1_epi8(0x0f);
+        const __m256i m16 = _mm256_set1_epi16(0x0f);
         for (int b = 0; b < nb; b++) {
             _mm_prefetch((const char *)(q0 + 16 * b) + PREFETCH, _MM_HINT_T0);
             const __m256i *xp = (const __m256i *)(a->q + 32 * b);
             __m256i x0 = _mm256_loadu_si256(xp), x1 = _mm256_loadu_si256(xp + 1);
             __m128i r0 = _mm_loadu_si128((const __m128i *)(q0 + 16 * b)), r1 = _mm_loadu_si128((const __m128i *)(q1 + 16 * b));
-            __m256i p0 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(r0, m4)), x0),
-                                          _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(r0, 4), m4)), x1));
-            __m256i p1 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(r1, m4)), x0),
-                                          _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(r1, 4), m4)), x1));
+            /* widen the bytes once: a 16-bit lane's low nibble is value j, the rest (>> 4) value j + 16 */
+            __m256i w0 = _mm256_cvtepu8_epi16(r0), w1 = _mm256_cvtepu8_epi16(r1);
+            __m256i p0 = DOT2(_mm256_and_si256(w0, m16), x0, _mm256_srli_epi16(w0, 4), x1);
+            __m256i p1 = DOT2(_mm256_and_si256(w1, m16), x0, _mm256_srli_epi16(w1, 4), x1);
             v0 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sd[0][b]), _mm256_cvtepi32_ps(p0), v0);
             v1 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sd[1][b]), _mm256_cvtepi32_ps(p1), v1);
         }
@@ -292,8 +303,8 @@ static void rows2(const QW *w, int r, const Act *a, float *out) {
             __m256i x0 = _mm256_loadu_si256(xp), x1 = _mm256_loadu_si256(xp + 1);
             __m128i r0a = _mm_loadu_si128((const __m128i *)(q0 + 32 * b)), r0b = _mm_loadu_si128((const __m128i *)(q0 + 32 * b + 16));
             __m128i r1a = _mm_loadu_si128((const __m128i *)(q1 + 32 * b)), r1b = _mm_loadu_si128((const __m128i *)(q1 + 32 * b + 16));
-            __m256i p0 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(r0a), x0), _mm256_madd_epi16(_mm256_cvtepi8_epi16(r0b), x1));
-            __m256i p1 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(r1a), x0), _mm256_madd_epi16(_mm256_cvtepi8_epi16(r1b), x1));
+            __m256i p0 = DOT2(_mm256_cvtepi8_epi16(r0a), x0, _mm256_cvtepi8_epi16(r0b), x1);
+            __m256i p1 = DOT2(_mm256_cvtepi8_epi16(r1a), x0, _mm256_cvtepi8_epi16(r1b), x1);
             v0 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sd[0][b]), _mm256_cvtepi32_ps(p0), v0);
             v1 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sd[1][b]), _mm256_cvtepi32_ps(p1), v1);
         }
@@ -423,11 +434,12 @@ static inline __m256 exp256(__m256 x) {
    row together, so the layer's K and V stream from memory once; in cache this is 4x faster
    than per-head sweeps, from DRAM it is what keeps long chats near bandwidth. */
 static void attn_part(const Model *m, const float *q, const uint16_t *kc, const uint16_t *vc, int t0, int t1,
-                      float *scores, float *pm, float *pl, float *pacc) {
-    const int hk = m->n_kv, d = m->head_dim, hq = m->n_head, g = hq / hk, nt = t1 - t0;
+                      int kv0, int kv1, float *scores, float *pm, float *pl, float *pacc) {
+    /* KV heads [kv0, kv1) and their query heads [h0, h1); outputs are indexed from h0 */
+    const int hk = m->n_kv, d = m->head_dim, g = m->n_head / hk, nt = t1 - t0, h0 = kv0 * g, h1 = kv1 * g;
     const size_t row = (size_t)hk * d;
-    memset(pacc, 0, sizeof(float) * hq * d);
-    for (int h = 0; h < hq; h++) { pm[h] = -INFINITY; pl[h] = 0.f; }
+    memset(pacc, 0, sizeof(float) * (h1 - h0) * d);
+    for (int h = 0; h < h1 - h0; h++) { pm[h] = -INFINITY; pl[h] = 0.f; }
     if (nt <= 0) return;
     int t = 0;
 #ifdef QD_AVX2
@@ -435,7 +447,7 @@ static void attn_part(const Model *m, const float *q, const uint16_t *kc, const 
         for (; t + 4 <= nt; t += 4) {
             const uint16_t *k0 = kc + (size_t)(t0 + t) * row;
             _mm_prefetch((const char *)(k0 + 8 * row), _MM_HINT_T0);
-            for (int kv = 0; kv < hk; kv++) {
+            for (int kv = kv0; kv < kv1; kv++) {
                 const uint16_t *k = k0 + (size_t)kv * d;
                 for (int i = 0; i < g; i++) {
                     const int h = kv * g + i;
@@ -450,20 +462,20 @@ static void attn_part(const Model *m, const float *q, const uint16_t *kc, const 
                     }
                     __m256 s4 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
                     __m128 r = _mm_add_ps(_mm256_castps256_ps128(s4), _mm256_extractf128_ps(s4, 1));
-                    _mm_storeu_ps(scores + (size_t)h * nt + t, _mm_mul_ps(r, _mm_set1_ps(m->attn_scale)));
+                    _mm_storeu_ps(scores + (size_t)(h - h0) * nt + t, _mm_mul_ps(r, _mm_set1_ps(m->attn_scale)));
                 }
             }
         }
     }
 #endif
     for (; t < nt; t++)
-        for (int h = 0; h < hq; h++) {
+        for (int h = h0; h < h1; h++) {
             const uint16_t *k = kc + (size_t)(t0 + t) * row + (size_t)(h / g) * d;
             float sc = 0.f;
             for (int j = 0; j < d; j++) sc += q[h * d + j] * h2f(k[j]);
-            scores[(size_t)h * nt + t] = sc * m->attn_scale;
+            scores[(size_t)(h - h0) * nt + t] = sc * m->attn_scale;
         }
-    for (int h = 0; h < hq; h++) {
+    for (int h = 0; h < h1 - h0; h++) {
         float *sc = scores + (size_t)h * nt, mx = -INFINITY, l = 0.f;
         int u = 0;
 #ifdef QD_AVX2
@@ -492,10 +504,10 @@ static void attn_part(const Model *m, const float *q, const uint16_t *kc, const 
     if (d % 8 == 0) {   /* per 8 dims, four heads' accumulators stay in registers over 32 keys */
         for (t = 0; t < nt; t += 32) {
             const int te = t + 32 < nt ? t + 32 : nt;
-            for (int kv = 0; kv < hk; kv++)
+            for (int kv = kv0; kv < kv1; kv++)
                 for (int i0 = 0; i0 < g; i0 += 4) {
-                    const int ng = g - i0 < 4 ? g - i0 : 4, h0 = kv * g + i0;
-                    const float *p0 = scores + (size_t)h0 * nt, *p1 = p0 + (ng > 1 ? nt : 0),
+                    const int ng = g - i0 < 4 ? g - i0 : 4, hb = kv * g + i0 - h0;
+                    const float *p0 = scores + (size_t)hb * nt, *p1 = p0 + (ng > 1 ? nt : 0),
                                 *p2 = p0 + (ng > 2 ? 2 * (size_t)nt : 0), *p3 = p0 + (ng > 3 ? 3 * (size_t)nt : 0);
                     for (int j = 0; j < d; j += 8) {
                         __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
@@ -509,7 +521,7 @@ static void attn_part(const Model *m, const float *q, const uint16_t *kc, const 
                         }
                         __m256 cs[4] = {c0, c1, c2, c3};
                         for (int i = 0; i < ng; i++) {
-                            float *pa = pacc + (size_t)(h0 + i) * d + j;
+                            float *pa = pacc + (size_t)(hb + i) * d + j;
                             _mm256_storeu_ps(pa, _mm256_add_ps(_mm256_loadu_ps(pa), cs[i]));
                         }
                     }
@@ -519,184 +531,26 @@ static void attn_part(const Model *m, const float *q, const uint16_t *kc, const 
     }
 #endif
     for (t = 0; t < nt; t++)
-        for (int h = 0; h < hq; h++) {
+        for (int h = h0; h < h1; h++) {
             const uint16_t *v = vc + (size_t)(t0 + t) * row + (size_t)(h / g) * d;
-            float p = scores[(size_t)h * nt + t], *acc = pacc + (size_t)h * d;
+            float p = scores[(size_t)(h - h0) * nt + t], *acc = pacc + (size_t)(h - h0) * d;
             for (int j = 0; j < d; j++) acc[j] += p * h2f(v[j]);
         }
 }
 
-/* ---- the context: scratch sized once per model ------------------------------------------------- */
-typedef struct {
-    Model m;
-    int nt;
-    float *qkv, *y, *h, *u;                           /* shared */
-    float *pq, *x, *xn, *att, *scores, *pm, *pl, *pacc;    /* per thread */
-    int16_t *xq; float *xd, *xs;                       /* per thread */
-    size_t wide;                                       /* the widest activation */
-} Ctx;
+/* ---- the step: a pool of threads over phases of blocks ------------------------------------------ */
+#include "pool.c"
+#include "decode_step.c"
 
-void *qd_new(const Model *m) {
-    Ctx *c = calloc(1, sizeof(Ctx));
-    if (!c) return NULL;
-    c->m = *m;
-    c->nt = m->n_threads > 0 ? m->n_threads : 1;
-    size_t qd = (size_t)m->n_head * m->head_dim, w = (size_t)m->dim;
-    if ((size_t)m->hidden > w) w = m->hidden;
-    if (qd > w) w = qd;
-    c->wide = w;
-    size_t nt = c->nt;
-    c->qkv = malloc(sizeof(float) * (qd + 2 * (size_t)m->n_kv * m->head_dim));
-    c->y = malloc(sizeof(float) * (m->vocab > (int)w ? (size_t)m->vocab : w));
-    c->h = malloc(sizeof(float) * w);
-    c->u = malloc(sizeof(float) * w);
-    c->pq = malloc(sizeof(float) * nt * (qd + 2 * (size_t)m->n_kv * m->head_dim));
-    c->x = malloc(sizeof(float) * nt * m->dim);
-    c->xn = malloc(sizeof(float) * nt * w);
-    c->att = malloc(sizeof(float) * nt * qd);
-    c->scores = malloc(sizeof(float) * nt * m->n_head * ((size_t)m->cap + 1));
-    c->pm = malloc(sizeof(float) * nt * m->n_head);
-    c->pl = malloc(sizeof(float) * nt * m->n_head);
-    c->pacc = malloc(sizeof(float) * nt * qd);
-    c->xq = malloc(sizeof(int16_t) * nt * w);
-    c->xd = malloc(sizeof(float) * nt * (w / 16 + 1));
-    c->xs = malloc(sizeof(float) * nt * (w / 16 + 1));
-    if (!c->u || !c->pq || !c->qkv || !c->y || !c->h || !c->x || !c->xn || !c->att || !c->scores || !c->pm || !c->pl || !c->pacc ||
-        !c->xq || !c->xd || !c->xs) return NULL;
-    return c;
-}
-
-void qd_free(void *p) {
-    Ctx *c = p;
-    if (!c) return;
-    free(c->pq); free(c->qkv); free(c->y); free(c->h); free(c->u); free(c->x); free(c->xn); free(c->att); free(c->scores);
-    free(c->pm); free(c->pl); free(c->pacc); free(c->xq); free(c->xd); free(c->xs); free(c);
-}
-
+/* ---- for the prefill and the tests ---------------------------------------------------------------- */
+#ifdef _OPENMP
 static void split(int n, int tid, int nt, int *a, int *b) {
     int per = ((n + nt - 1) / nt + 7) & ~7;   /* whole 8-row groups: no two threads share a cache line of y */
     *a = tid * per < n ? tid * per : n;
     *b = (tid + 1) * per < n ? (tid + 1) * per : n;
 }
-
-#ifdef _OPENMP
-#define BARRIER _Pragma("omp barrier")
-#else
-#define BARRIER
 #endif
 
-static void step_thread(Ctx *c, int tid, int nt, int tok, int pos, uint16_t *kbase, uint16_t *vbase, float *logits) {
-#ifdef QD_AVX2
-    /* Flush denormals: softmax weights of far-off keys underflow into them, and each multiply by
-       one takes a microcode assist of ~100 cycles. Restored on the way out. */
-    const unsigned int csr = _mm_getcsr();
-    _mm_setcsr(csr | 0x8040);
-#endif
-    const Model *m = &c->m;
-    const int dim = m->dim, d = m->head_dim, hq = m->n_head, hk = m->n_kv, qd = hq * d, kvd = hk * d;
-    float *x = c->x + (size_t)tid * dim, *xn = c->xn + (size_t)tid * c->wide, *att = c->att + (size_t)tid * qd;
-    Act a = {xn, c->xq + (size_t)tid * c->wide, c->xd + (size_t)tid * (c->wide / 16 + 1),
-             c->xs + (size_t)tid * (c->wide / 16 + 1), dim};
-    /* every thread keeps its own copy of the residual stream: the small vector work is done
-       twice instead of paying a barrier for it */
-    dequant_row(&m->embed, tok, x);
-    if (m->emb_scale != 1.f) for (int j = 0; j < dim; j++) x[j] *= m->emb_scale;
-    int r0, r1;
-    for (int l = 0; l < m->n_layers; l++) {
-        const Layer *L = m->layers + l;
-        uint16_t *kc = kbase + (size_t)l * m->cap * kvd, *vc = vbase + (size_t)l * m->cap * kvd;
-        rmsnorm(xn, x, L->attn_norm, dim, m->eps);
-        a.n = dim; quantize_act(&a);
-        const int rows = qd + 2 * kvd;   /* q, k and v rows as one range */
-        split(rows, tid, nt, &r0, &r1);
-        if (r0 < qd) gemv(&L->wq, &a, c->qkv, r0, r1 < qd ? r1 : qd);
-        if (r1 > qd && r0 < qd + kvd) gemv(&L->wk, &a, c->qkv + qd, (r0 > qd ? r0 : qd) - qd, (r1 < qd + kvd ? r1 : qd + kvd) - qd);
-        if (r1 > qd + kvd) gemv(&L->wv, &a, c->qkv + qd + kvd, (r0 > qd + kvd ? r0 : qd + kvd) - qd - kvd, r1 - qd - kvd);
-        BARRIER
-        /* each thread rotates its own copy of q and k: no barrier needed before attention. The
-           thread whose keys end at pos writes the new K/V; no other thread reads position pos. */
-        float *q = c->pq + (size_t)tid * (qd + 2 * kvd), *k = q + qd, *v = k + kvd;
-        memcpy(q, c->qkv, sizeof(float) * (qd + 2 * kvd));
-        if (L->q_norm) for (int h = 0; h < hq; h++) rmsnorm(q + h * d, q + h * d, L->q_norm, d, m->eps);
-        if (L->k_norm) for (int h = 0; h < hk; h++) rmsnorm(k + h * d, k + h * d, L->k_norm, d, m->eps);
-        rope(q, hq, d, L->cos + (size_t)pos * (d / 2), L->sin + (size_t)pos * (d / 2));
-        int start = L->window >= 0 && pos - L->window > 0 ? pos - L->window : 0, n = pos + 1 - start;
-        int per = (n + nt - 1) / nt, t0 = start + tid * per, t1 = t0 + per;
-        if (t0 > pos + 1) t0 = pos + 1;
-        if (t1 > pos + 1) t1 = pos + 1;
-        if (t0 <= pos && pos < t1) {
-            rope(k, hk, d, L->cos + (size_t)pos * (d / 2), L->sin + (size_t)pos * (d / 2));
-            for (int j = 0; j < kvd; j++) {
-                kc[(size_t)pos * kvd + j] = f2h(k[j]);
-                vc[(size_t)pos * kvd + j] = f2h(v[j]);
-            }
-        }
-        attn_part(m, q, kc, vc, t0, t1, c->scores + (size_t)tid * hq * ((size_t)m->cap + 1),
-                  c->pm + tid * hq, c->pl + tid * hq, c->pacc + (size_t)tid * qd);
-        BARRIER
-        for (int h = 0; h < hq; h++) {   /* merge the threads' partial softmaxes */
-            float mx = -INFINITY, l2 = 0.f;
-            for (int t = 0; t < nt; t++) mx = fmaxf(mx, c->pm[t * hq + h]);
-            for (int j = 0; j < d; j++) att[h * d + j] = 0.f;
-            for (int t = 0; t < nt; t++) {
-                if (c->pl[t * hq + h] == 0.f) continue;
-                float f = expf(c->pm[t * hq + h] - mx);
-                l2 += f * c->pl[t * hq + h];
-                const float *pa = c->pacc + (size_t)t * qd + h * d;
-                for (int j = 0; j < d; j++) att[h * d + j] += f * pa[j];
-            }
-            for (int j = 0; j < d; j++) att[h * d + j] /= l2;
-        }
-        a.x = att; a.n = qd; quantize_act(&a);
-        split(dim, tid, nt, &r0, &r1);
-        gemv(&L->wo, &a, c->y, r0, r1);
-        a.x = xn;
-        BARRIER
-        if (L->post_attn_norm) { rmsnorm(xn, c->y, L->post_attn_norm, dim, m->eps); for (int j = 0; j < dim; j++) x[j] += xn[j]; }
-        else for (int j = 0; j < dim; j++) x[j] += c->y[j];
-        rmsnorm(xn, x, L->ffn_norm, dim, m->eps);
-        a.n = dim; quantize_act(&a);
-        split(m->hidden, tid, nt, &r0, &r1);
-        gemv(&L->wg, &a, c->h, r0, r1);
-        gemv(&L->wu, &a, c->u, r0, r1);   /* not y: other threads may still be adding y to x */
-        for (int r = r0; r < r1; r++) c->h[r] = act_fn(m->act, c->h[r]) * c->u[r];
-        BARRIER
-        for (int j = 0; j < m->hidden; j++) xn[j] = c->h[j];
-        a.n = m->hidden; quantize_act(&a);
-        split(dim, tid, nt, &r0, &r1);
-        gemv(&L->wd, &a, c->y, r0, r1);
-        BARRIER
-        if (L->post_ffn_norm) { rmsnorm(xn, c->y, L->post_ffn_norm, dim, m->eps); for (int j = 0; j < dim; j++) x[j] += xn[j]; }
-        else for (int j = 0; j < dim; j++) x[j] += c->y[j];
-    }
-    rmsnorm(xn, x, m->final_norm, dim, m->eps);
-    a.n = dim; quantize_act(&a);
-    split(m->vocab, tid, nt, &r0, &r1);
-    gemv(&m->lm_head, &a, logits, r0, r1);
-    if (m->final_softcap > 0.f)
-        for (int r = r0; r < r1; r++) logits[r] = m->final_softcap * tanhf(logits[r] / m->final_softcap);
-#ifdef QD_AVX2
-    _mm_setcsr(csr);
-#endif
-}
-
-/* The token `tok` at position `pos`: its K/V land in the cache at pos, its logits in `logits`. */
-int qd_step(void *p, int tok, int pos, uint16_t *kbase, uint16_t *vbase, float *logits) {
-    Ctx *c = p;
-    if (!c || tok < 0 || tok >= c->m.vocab || pos < 0 || pos >= c->m.cap) return -1;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(c->nt)
-    {
-        int nt = omp_get_num_threads();
-        if (nt <= c->nt) step_thread(c, omp_get_thread_num(), nt, tok, pos, kbase, vbase, logits);
-    }
-#else
-    step_thread(c, 0, 1, tok, pos, kbase, vbase, logits);
-#endif
-    return 0;
-}
-
-/* ---- for the prefill and the tests ---------------------------------------------------------------- */
 void qd_dequant(const QW *w, float *out, int n_threads) {
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(n_threads) schedule(static)
