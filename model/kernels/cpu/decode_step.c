@@ -49,6 +49,10 @@ static size_t row_bytes(const QW *w) {
     size_t n = (size_t)w->cols;
     if (w->kind == K_F32) return 4 * n;
     if (w->kind <= K_BF16) return 2 * n;
+    if (w->kind >= K_FILE_FIRST) {   /* qformats.h: the file's own blocks */
+        const FileFmt *f = &FILE_FMT[w->kind - K_FILE_FIRST];
+        return n / f->bv * f->bb;
+    }
     size_t per = (size_t)(w->sdt == S_F32 ? 4 : 2) * (w->min ? 2 : 1) * (n / w->sub);
     return (w->kind == K_Q4 ? n / 2 : n) + per;
 }
