@@ -141,7 +141,14 @@ def open_keeper(session: Session, args: argparse.Namespace, warn: Warn | None = 
     if resume and chat_id is None:
         warn("nanochat-tui: no stored chat to resume; starting a new one")
     if chat_id is not None:
-        _restored, errors = keeper.open(chat_id)
+        try:
+            _restored, errors = keeper.open(chat_id)
+        except StoreError as e:
+            if chat is not None:  # asked for by number: say why, start nothing
+                raise
+            # --resume: the latest chat cannot open (damaged, too long): the others stay reachable
+            warn(f"nanochat-tui: warning: could not resume: {e}; starting a new chat")
+            return keeper
         for e in errors:
             warn(f"nanochat-tui: warning: {e.message}")
         for k, v in given_sampling(args).items():
