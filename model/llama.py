@@ -206,18 +206,25 @@ class Llama(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # fp32 even in a bf16 model
         self.cache_dtype: torch.dtype | None = None  # None: the weights' dtype (quantized models: fp16)
+        self.longest_cache = 0  # the rotary tables' length follows it (rope_length)
 
     def new_cache(self, seq_len: int | None = None) -> KVCache:
         c = self.config
         p = self.model.norm.weight
+        self.longest_cache = max(self.longest_cache, seq_len or self.max_seq_len)
         return KVCache(1, c.num_key_value_heads, seq_len or self.max_seq_len, c.head_dim,
                        c.num_hidden_layers, p.device, self.cache_dtype or p.dtype)
 
+    def rope_length(self) -> int:
+        """Rotary tables cover the longest cache made, not the context the config claims: a
+        claimed 2**31 with a 4,096-token cache must not allocate 16 GB of tables (issue 27)."""
+        return self.longest_cache or min(self.max_seq_len, 1 << 16)
+
     def rope(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._rope is None or self._rope[0].device != device:
+        n = self.rope_length()
+        if self._rope is None or self._rope[0].device != device or self._rope[0].shape[0] < n:
             c = self.config
-            self._rope = rotary_tables(c.head_dim, c.max_position_embeddings, c.rope_theta, device=device,
-                                       freq_factors=c.freq_factors())
+            self._rope = rotary_tables(c.head_dim, n, c.rope_theta, device=device, freq_factors=c.freq_factors())
         return self._rope
 
     def forward(self, idx: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
