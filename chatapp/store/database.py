@@ -136,6 +136,8 @@ class ChatStore:
         self.lock = threading.Lock()  # the TUI saves from a worker thread and renames from the UI one
         try:
             self.root.mkdir(parents=True, exist_ok=True)
+            if self.path.exists() and not self.path.is_file():  # a link to /dev/null: SQLite would write beside it
+                raise StoreError(f"cannot open the chats database {self.path}: not a regular file")
             if read_only is None:
                 read_only = self.path.exists() and not writable(self.path)
             self.read_only = read_only
