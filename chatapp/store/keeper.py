@@ -324,12 +324,14 @@ class ChatKeeper:
             raise StoreError(f"chat {chat_id} could not be opened ({one_line(e)}); {here}") from None
         self.detach()
         self.chat_id, self.title, self.created = chat_id, chat.title, chat.created
-        self.expect = [(m.role, m.content) for m in chat.messages]
+        # a damaged row's text may not read back as stored (bytes): nothing to compare a save with
+        self.expect = None if chat.damage else [(m.role, m.content) for m in chat.messages]
         # past what the snapshot gave back, segments on disk are not trusted (one may be corrupt)
         self.clean_upto = self.restored.restored_tokens
         self.last_error = ""
-        if self.store.read_only:
-            self.saved_sig = self.signature()  # as stored: nothing to say until it changes
+        if self.store.read_only or chat.damage:
+            # as stored: nothing to say until it changes (a damaged row is rewritten only by the user's next change)
+            self.saved_sig = self.signature()
         return self.restored, [e for e in self.autosave() if isinstance(e, Error)]
 
     def follow_rename(self) -> None:

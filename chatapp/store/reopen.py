@@ -106,7 +106,10 @@ def fits_template(session: Session, chat: ChatData, tokens: list[int], exchanges
 
 def conversation(session: Session, chat: ChatData) -> tuple[list[int], list[Exchange], str]:
     """The token list and exchanges to adopt, and a note when the stored ids could not be used."""
-    if chat.tokenizer_fingerprint == tokenizer_fingerprint(session.tok):
+    if chat.damage:  # validate.py: its ids are not to be trusted; the text is what is left
+        more = f" and {len(chat.damage) - 1} more" if len(chat.damage) > 1 else ""
+        note = f"damaged row ({chat.damage[0]}{more}); re-tokenized from its text, saved again at the next change"
+    elif chat.tokenizer_fingerprint == tokenizer_fingerprint(session.tok):
         tokens, exchanges = stored_conversation(chat)
         if not ids_fit(tokens, session.tok.vocab_size):
             note = f"stored token ids are past this tokenizer's {session.tok.vocab_size}; re-tokenized from its text"
