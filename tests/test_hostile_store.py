@@ -109,3 +109,20 @@ def test_export_of_a_chat_still_works(session, tmp_path):
 
     events = list(ChatKeeper(session, None).export(str(tmp_path / "c.md")))
     assert isinstance(events[0], Info) and (tmp_path / "c.md").read_text().count("## User") == 1
+
+
+@pytest.mark.anyio
+async def test_the_tui_refuses_a_fifo_at_once_and_ctrl_q_still_quits(tmp_path):
+    """`/file FIFO` hung the TUI, Esc did nothing and Ctrl+Q left the process alive (issue 27)."""
+    from tests.tui_pilot import make_app, notices, ready, submit
+
+    os.mkfifo(tmp_path / "fifo")
+    app = make_app("--no-store")
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await submit(pilot, f"/file {tmp_path / 'fifo'}", timeout=30)  # a blocked read would never finish
+        assert any("a FIFO, not a regular file" in n for n in notices(app, "error"))
+        await pilot.press("escape")
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+    assert app.return_code in (0, None)
