@@ -136,3 +136,15 @@ def test_launch_notes_a_claimed_context_that_does_not_fit(tiny, monkeypatch):
     fake = type(tiny)(**{**tiny.__dict__, "context_length": 1 << 24})  # a config claiming 2**24 tokens
     assert launch.fitting(fake, notes.append) == 768
     assert len(notes) == 1 and "16,777,216-token context" in notes[0] and "--context N asks for more" in notes[0]
+
+
+def test_nanochat_meta_files_nested_too_deeply_are_one_line(tmp_path):
+    from model.loading.nanochat import read_json
+
+    (tmp_path / "meta.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ModelLoadError, match="too deeply nested") as e:
+        read_json(tmp_path / "meta.json", "the checkpoint's meta file")
+    assert "\n" not in str(e.value)
+    os.mkfifo(tmp_path / "fifo.json")
+    with pytest.raises(ModelLoadError, match="FIFO"):
+        read_json(tmp_path / "fifo.json", "the checkpoint's meta file")
