@@ -40,8 +40,9 @@ class LlamaConfig:
     def __post_init__(self):
         """ValueError naming the field for a config no model can be built from: a hand-edited
         config.json or GGUF metadata must fail here, not as a ZeroDivisionError or NaN later."""
+        explicit = ("head_dim",) if self.head_dim is not None else ()  # [] or 0 too: not "derive it"
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "max_position_embeddings") + (("head_dim",) if self.head_dim else ()):
+                     "num_key_value_heads", "max_position_embeddings") + explicit:
             if type(v := getattr(self, name)) is not int or v < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, not {v!r}")
         for name in ("rms_norm_eps", "rope_theta"):
