@@ -24,6 +24,7 @@ from model.kernels.torch_step import LlamaTorchStep
 from model.llama import Llama, LlamaConfig
 from model.nanochat import Nanochat
 from model.nanochat_config import NanochatConfig
+from model.prefill_step import GemmaPrefillStep, LlamaPrefillStep, PrefillStep
 from model.templates import ChatTemplate, NanochatFormat
 from model.tokenizer import Tokenizer
 
@@ -56,6 +57,8 @@ class Family:
     # Config fields an architecture implies whatever its config.json says (Qwen2's q/k/v biases).
     fixed_config: dict[str, object] = field(default_factory=dict)
     backend_family: Callable[[torch.nn.Module], str] = attention_backend
+    # The capturable prefill of B tokens (model/prefill_step.py); None: prefill stays eager.
+    build_prefill: type[PrefillStep] | None = None
 
 
 def llama_step(model: Llama, cache: KVCache, cfg: GraphConfig) -> DecodeStep:
@@ -86,16 +89,18 @@ def nanochat_template(tok: Tokenizer, chat_template: str | None = None, default_
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("llama", Llama, LlamaConfig, llama_step, template_for,
-           hf_architectures=frozenset({"LlamaForCausalLM", "MistralForCausalLM"})),
+           hf_architectures=frozenset({"LlamaForCausalLM", "MistralForCausalLM"}), build_prefill=LlamaPrefillStep),
     # Qwen2 and Qwen3 are the Llama module with a flag each (model/llama.py); family_of() finds
     # "llama" for all three, whose step and identity suit them all.
     Family("qwen2", Llama, LlamaConfig, llama_step, template_for,
-           hf_architectures=frozenset({"Qwen2ForCausalLM"}), fixed_config={"attention_bias": True}),
+           hf_architectures=frozenset({"Qwen2ForCausalLM"}), fixed_config={"attention_bias": True},
+           build_prefill=LlamaPrefillStep),
     Family("qwen3", Llama, LlamaConfig, llama_step, template_for,
-           hf_architectures=frozenset({"Qwen3ForCausalLM"}), fixed_config={"qk_norm": True}),
+           hf_architectures=frozenset({"Qwen3ForCausalLM"}), fixed_config={"qk_norm": True},
+           build_prefill=LlamaPrefillStep),
     Family("nanochat", Nanochat, NanochatConfig, nanochat_step, nanochat_template),
     Family("gemma3", Gemma, GemmaConfig, gemma_step, gemma_template_for,
-           hf_architectures=frozenset({"Gemma3ForCausalLM"})),
+           hf_architectures=frozenset({"Gemma3ForCausalLM"}), build_prefill=GemmaPrefillStep),
 )}
 
 

@@ -121,8 +121,36 @@ def greedy_cases() -> None:
     print(json.dumps(rows))
 
 
+def window_cases() -> None:
+    """window_attention (prefill over the cache) against a float64 masked softmax: chunks that
+    start at 0, inside the first key block and far past the window, windows shorter than a block,
+    longer than the chunk and none at all, with the default and with small blocks (more edges)."""
+    from kvcache.window_attention import window_attention
+
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for d, blocks in ((16, None), (24, (16, 16, 4))):
+        cap = 256
+        k, v = torch.randn(1, cap, 2, d, generator=g), torch.randn(1, cap, 2, d, generator=g)
+        for start, tq, w in ((0, 37, 8), (3, 17, -1), (100, 70, 50), (150, 1, 8), (40, 90, 200), (190, 33, 31)):
+            q = torch.randn(1, tq, 4, d, generator=g)
+            out = window_attention(q, k, v, torch.tensor([start], dtype=torch.int32), w - 1 if w > 0 else -1,
+                                   blocks=blocks)
+            qpos = torch.arange(start, start + tq)[:, None]
+            kpos = torch.arange(start + tq)[None, :]
+            mask = (kpos <= qpos) & ((kpos > qpos - w) if w > 0 else True)
+            kk, vv = (t[0, :start + tq].double().repeat_interleave(2, 1) for t in (k, v))
+            s = torch.einsum("thd,khd->htk", q[0].double(), kk) * d ** -0.5
+            ref = torch.einsum("htk,khd->thd", s.masked_fill(~mask, float("-inf")).softmax(-1), vv)
+            rows.append(dict(d=d, blocks=blocks, start=start, tq=tq, window=w,
+                             rel_err=float((out[0].double() - ref).norm() / ref.norm())))
+    print(json.dumps(rows))
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] == ["attention"]:
+    if sys.argv[1:] == ["window"]:
+        window_cases()
+    elif sys.argv[1:] == ["attention"]:
         attention_edges()
     elif sys.argv[1:] == ["greedy"]:
         greedy_cases()

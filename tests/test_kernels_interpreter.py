@@ -73,3 +73,16 @@ def test_greedy_pick_is_torch_argmax():
     for r in rows:
         assert r["got"] == r["host"] == r["want"] and r["others_untouched"], r
     assert {r["want"] for r in rows if r["case"].startswith("tie")} == {5, 40}
+
+
+def test_window_prefill_attention_reads_exactly_the_window():
+    """The prefill kernel for windowed layers (kvcache/window_attention.py) against a float64
+    masked softmax, at chunk starts before, at and past the window, head sizes that are and are
+    not powers of two, with blocks that put window edges inside a block and across several."""
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "kernels_interpret.py"), "window"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(rows) == 12 and {r["window"] for r in rows} == {8, -1, 50, 200, 31}
+    for r in rows:
+        assert r["rel_err"] < 1e-5, r    # fp32 (IEEE products): only the summation order differs

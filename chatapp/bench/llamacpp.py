@@ -56,10 +56,11 @@ def pick(rows: list[dict], kind: str, tokens: int, depth: int) -> dict | None:
     return next((r for r in rows if (r["kind"], r["tokens"], r["depth"]) == (kind, tokens, depth)), None)
 
 
-def run_peer(binary: str, gguf: str, threads: int, pp: int, tg: int, depth: int, reps: int,
-             timeout: float = 900) -> dict:
-    """Both invocations; {"tests": [...], "peak_rss_bytes", "commands"} or {"skipped": why}."""
-    base = [binary, "-m", gguf, "-t", str(threads), "-r", str(reps), "-o", "json"]
+def run_peer(binary: str, gguf: str, threads: int, pp: int | str, tg: int, depth: int, reps: int,
+             timeout: float = 900, extra: tuple[str, ...] | list[str] = ()) -> dict:
+    """Both invocations; {"tests": [...], "peak_rss_bytes", "commands"} or {"skipped": why}.
+    `pp` may list several prompt sizes ("512,8192"); `extra`: more flags (on the GPU: -ngl 99 -fa 1)."""
+    base = [binary, "-m", gguf, "-t", str(threads), "-r", str(reps), "-o", "json", *extra]
     runs = [[*base, "-p", str(pp), "-n", str(tg), "-d", "0"], [*base, "-p", "0", "-n", str(tg), "-d", str(depth)]]
     tests, peak, seconds = [], None, 0.0
     for cmd in runs:

@@ -16,6 +16,7 @@ import torch
 
 from chatapp.bench.cpu import cpu_peer, print_cpu_peer
 from chatapp.bench.decode import decode_at, peak_bandwidth, weight_bytes_per_token, with_mbu
+from chatapp.bench.gpu import gpu_peer, print_gpu_peer
 from chatapp.bench.llamacpp import ENV
 from chatapp.bench.longchat import long_chat, print_long_chat
 from chatapp.bench.models import resolve
@@ -32,6 +33,7 @@ from model.kernels.cpu import native
 from model.loading import LoadOptions
 
 GPU_MODELS = "default,random:d20,random:d32,random-nanochat:d20"
+GPU_PEER_MODELS = "random:smollm2-135m,random:gemma3-270m,random:llama3.2-1b"
 
 
 @dataclass
@@ -62,6 +64,8 @@ class BenchArgs:
     pp: int = 512
     tg: int = 64
     depth: int = 1500
+    gpu_peer: bool = False
+    peer_ggufs: list[str] | None = None
 
 
 def positive(text: str) -> int:
@@ -110,15 +114,21 @@ def parse(argv: list[str]) -> BenchArgs:
     p.add_argument("--old-turns", type=positive, help="--long-chat: turns for the old policy (default: --turns)")
     p.add_argument("--cpu-peer", action="store_true", help="only ours against llama.cpp's llama-bench on the CPU: "
                    "same GGUF, threads and contexts (chatapp.bench.cpu; default model 'default')")
-    p.add_argument("--llama-bench", help=f"--cpu-peer: the llama-bench binary (default: ${ENV}; none: peer skipped)")
+    p.add_argument("--llama-bench", help=f"--cpu-peer, --gpu-peer: the llama-bench binary (default: ${ENV}; "
+                   "none: peer skipped)")
     p.add_argument("--threads", type=positive, help="--cpu-peer: threads for both (default: torch's current count)")
-    p.add_argument("--peer-reps", type=positive, default=3, help="--cpu-peer: repetitions of each test (default 3)")
+    p.add_argument("--peer-reps", type=positive, default=3,
+                   help="--cpu-peer, --gpu-peer: repetitions of each test (default 3)")
     p.add_argument("--pp", type=positive, default=512, help="--cpu-peer: prefill test tokens (default 512)")
-    p.add_argument("--tg", type=positive, default=64, help="--cpu-peer: decode test tokens (default 64)")
+    p.add_argument("--tg", type=positive, default=64, help="--cpu-peer, --gpu-peer: decode test tokens (default 64)")
     p.add_argument("--depth", type=positive, default=1500, help="--cpu-peer: the deep decode's depth (default 1500)")
+    p.add_argument("--gpu-peer", action="store_true", help="only prefill, turn TTFT and decode against llama.cpp's "
+                   f"CUDA llama-bench (chatapp.bench.gpu; default models {GPU_PEER_MODELS})")
+    p.add_argument("--peer-gguf", type=specs, help="--gpu-peer: the GGUF llama.cpp runs for each model, "
+                   "comma-separated in --models order (e.g. random GGUFs of the same shapes)")
     a = p.parse_args(argv)
-    if a.cpu_peer and a.long_chat:
-        p.error("--cpu-peer and --long-chat are separate runs")
+    if sum((a.cpu_peer, a.long_chat, a.gpu_peer)) > 1:
+        p.error("--cpu-peer, --gpu-peer and --long-chat are separate runs")
     device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     check_device(device, a.attn)
     gpu = device.startswith("cuda")
@@ -127,8 +137,13 @@ def parse(argv: list[str]) -> BenchArgs:
     quick = a.quick
     if a.cpu_peer and gpu:
         raise UserError("--cpu-peer compares against llama.cpp's CPU build: run it with --device cpu")
-    fallback = "default" if a.long_chat or a.cpu_peer else GPU_MODELS if gpu else "random:smollm2-135m"
+    if a.gpu_peer and not gpu:
+        raise UserError("--gpu-peer compares against llama.cpp's CUDA build: it needs a CUDA device")
+    fallback = ("default" if a.long_chat or a.cpu_peer else GPU_PEER_MODELS if a.gpu_peer
+                else GPU_MODELS if gpu else "random:smollm2-135m")
     models = a.models or fallback.split(",")
+    if a.peer_gguf and len(a.peer_gguf) != len(models):
+        p.error(f"--peer-gguf names {len(a.peer_gguf)} files for {len(models)} models")
     turns = a.turns or (200 if a.long_chat else 20)
     contexts = a.contexts or ([64, 256] if quick else [512, 2048, 8192] if gpu else [128, 512])
     return BenchArgs(
@@ -140,7 +155,7 @@ def parse(argv: list[str]) -> BenchArgs:
         profile=gpu and not a.no_profile, ttft_reps=a.ttft_reps or (3 if gpu else 1),
         resume=a.resume, long_chat=a.long_chat, context=a.context, old_turns=a.old_turns or turns,
         cpu_peer=a.cpu_peer, llama_bench=a.llama_bench, threads=a.threads or torch.get_num_threads(),
-        peer_reps=a.peer_reps, pp=a.pp, tg=a.tg, depth=a.depth)
+        peer_reps=a.peer_reps, pp=a.pp, tg=a.tg, depth=a.depth, gpu_peer=a.gpu_peer, peer_ggufs=a.peer_gguf)
 
 
 def capacity_for(lm, args: BenchArgs) -> int:
@@ -244,6 +259,12 @@ def cpu_peer_model(spec: str, args: BenchArgs) -> dict:
     return {"model": lm.name, "spec": spec, "note": note, "device": args.device, "cpu_peer": res}
 
 
+def gpu_peer_model(spec: str, gguf: str | None, args: BenchArgs) -> dict:
+    lm, note = resolve(spec, load_options(args), args.gguf)
+    res = gpu_peer(lm, gguf, args.llama_bench, args.tg, args.peer_reps)
+    return {"model": lm.name, "spec": spec, "note": note, "device": args.device, "gpu_peer": res}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     device = torch.device(args.device)
@@ -251,8 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"nanochat-tui bench on {name}: copy bandwidth {peak / 1e9:.0f} GB/s (read + write)")
     results = []
-    for spec in args.models:
-        if args.cpu_peer:
+    for i, spec in enumerate(args.models):
+        if args.gpu_peer:
+            res = gpu_peer_model(spec, args.peer_ggufs[i] if args.peer_ggufs else None, args)
+            print_gpu_peer(res["model"], res["note"], res["gpu_peer"])
+        elif args.cpu_peer:
             res = cpu_peer_model(spec, args)
             print_cpu_peer(res["model"], res["note"], res["cpu_peer"])
         elif args.long_chat:
