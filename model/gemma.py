@@ -230,6 +230,7 @@ class Gemma(nn.Module):
         self._rope: dict[bool, tuple[torch.Tensor, torch.Tensor]] | None = None
         self.cache_dtype: torch.dtype | None = None  # None: the weights' dtype (quantized models: fp16)
         self.longest_cache = 0  # the rotary tables' length follows it (rope_length)
+        self.retired: list = []  # tables replaced by longer ones, kept alive for graphs captured on them
 
     def new_cache(self, seq_len: int | None = None) -> KVCache:
         c, p = self.config, self.model.norm.weight
@@ -247,6 +248,7 @@ class Gemma(nn.Module):
         n = self.rope_length()
         if self._rope is None or self._rope[True][0].device != device or self._rope[True][0].shape[0] < n:
             c = self.config
+            self.retired += [self._rope] if self._rope is not None else []  # a captured CUDA graph may read them
             factor = [c.rope_scaling_factor] * (c.head_dim // 2) if c.rope_scaling_factor != 1.0 else None
             self._rope = {True: rotary_tables(c.head_dim, n, c.rope_local_base_freq, device=device),
                           False: rotary_tables(c.head_dim, n, c.rope_theta, device=device, freq_factors=factor)}

@@ -208,6 +208,7 @@ class Llama(nn.Module):
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # fp32 even in a bf16 model
         self.cache_dtype: torch.dtype | None = None  # None: the weights' dtype (quantized models: fp16)
         self.longest_cache = 0  # the rotary tables' length follows it (rope_length)
+        self.retired: list = []  # tables replaced by longer ones, kept alive for graphs captured on them
 
     def new_cache(self, seq_len: int | None = None) -> KVCache:
         c = self.config
@@ -225,6 +226,7 @@ class Llama(nn.Module):
         n = self.rope_length()
         if self._rope is None or self._rope[0].device != device or self._rope[0].shape[0] < n:
             c = self.config
+            self.retired += [self._rope] if self._rope is not None else []  # a captured CUDA graph may read them
             self._rope = rotary_tables(c.head_dim, n, c.rope_theta, device=device, freq_factors=c.freq_factors())
         return self._rope
 
