@@ -148,3 +148,17 @@ def test_nanochat_meta_files_nested_too_deeply_are_one_line(tmp_path):
     os.mkfifo(tmp_path / "fifo.json")
     with pytest.raises(ModelLoadError, match="FIFO"):
         read_json(tmp_path / "fifo.json", "the checkpoint's meta file")
+
+
+def test_a_context_asked_for_past_what_the_machine_holds_is_one_line(tiny, monkeypatch):
+    """--context 2**31 on a model claiming 2**31: a bare 'Cannot allocate memory' before."""
+    from chatapp import launch
+    from chatapp.options import chat_parser
+    from model.errors import UserError
+
+    fake = type(tiny)(**{**tiny.__dict__, "context_length": 1 << 31})
+    monkeypatch.setattr(launch, "load_model", lambda spec, opts: fake)
+    args = chat_parser().parse_args(["--model", "random:tiny", "--context", str(1 << 31), "--device", "cpu"])
+    with pytest.raises(UserError, match="cannot allocate a 2,147,483,648-token KV cache") as e:
+        launch.open_session(args, warn=lambda _m: None)
+    assert "\n" not in str(e.value) and "try a smaller --context" in str(e.value)
