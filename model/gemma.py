@@ -234,9 +234,11 @@ class Gemma(nn.Module):
 
     def new_cache(self, seq_len: int | None = None) -> KVCache:
         c, p = self.config, self.model.norm.weight
-        self.longest_cache = max(self.longest_cache, seq_len or self.max_seq_len)
-        return KVCache(1, c.num_key_value_heads, seq_len or self.max_seq_len, c.head_dim,
-                       c.num_hidden_layers, p.device, self.cache_dtype or p.dtype)
+        cache = KVCache(1, c.num_key_value_heads, seq_len or self.max_seq_len, c.head_dim,
+                        c.num_hidden_layers, p.device, self.cache_dtype or p.dtype)
+        # only once it exists: a cache that failed to allocate must not size the rotary tables
+        self.longest_cache = max(self.longest_cache, cache.capacity)
+        return cache
 
     def rope_length(self) -> int:
         """Rotary tables cover the longest cache made, not the context the config claims: a

@@ -162,3 +162,4 @@ def test_a_context_asked_for_past_what_the_machine_holds_is_one_line(tiny, monke
     with pytest.raises(UserError, match="cannot allocate a 2,147,483,648-token KV cache") as e:
         launch.open_session(args, warn=lambda _m: None)
     assert "\n" not in str(e.value) and "try a smaller --context" in str(e.value)
+    assert tiny.model.longest_cache < 1 << 31  # the failed cache does not size the rotary tables
