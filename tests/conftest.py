@@ -14,7 +14,8 @@ from model.loading import load_model
 
 def pytest_addoption(parser):
     parser.addoption("--fuzz-examples", type=int, default=0,
-                     help="inputs per kind for tests/test_fuzz.py (default 30: a ~30 s run; 2000: 10,000 files)")
+                     help="inputs per kind for tests/test_fuzz.py (default 30: a ~30 s run; 2000: 10,000 files, "
+                          "with -o timeout=0 so pytest-timeout does not cut a kind short)")
 
 
 def pytest_configure(config):
