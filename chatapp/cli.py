@@ -19,6 +19,12 @@ def run_chat(argv: list[str]) -> int:
     args = chat_parser().parse_args(argv)
     if sys.stdin is None or sys.stdout is None:  # started with <&- or >&-
         raise UserError("stdin or stdout is closed; a chat reads one and writes the other")
+    if (args.headless or args.jsonl) and args.backend:
+        from chatapp.headless import run_headless
+        from chatapp.remote.open import open_remote  # no torch: the server runs the model
+
+        return run_headless(open_remote(args, warn=lambda m: print(m, file=sys.stderr)), sys.stdin.buffer,
+                            jsonl=args.jsonl)
     if args.headless or args.jsonl:
         from chatapp.headless import run_headless  # lazy: imports torch
         from chatapp.launch import open_chat, to_stderr
@@ -74,9 +80,18 @@ def run_bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+def run_serve(argv: list[str]) -> int:
+    from chatapp.serve.flags import parse  # no torch: a refused flag is answered at once
+
+    args = parse(argv)
+    from chatapp.serve.main import run  # lazy: imports torch and uvicorn
+
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    runners = {"pull": run_pull, "tokenize": run_tokenize, "bench": run_bench}
+    runners = {"pull": run_pull, "tokenize": run_tokenize, "bench": run_bench, "serve": run_serve}
     try:
         if argv and argv[0] in runners:
             return runners[argv[0]](argv[1:])

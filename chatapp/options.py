@@ -11,7 +11,7 @@ import argparse
 
 from chatapp.chat.settings import DEFAULTS
 
-SUBCOMMANDS = ("pull", "tokenize", "bench")
+SUBCOMMANDS = ("pull", "tokenize", "bench", "serve")
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -25,6 +25,15 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-tag", help="nanochat: model tag such as d20")
 
 
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    d = DEFAULTS
+    p.add_argument("--max-new-tokens", type=int, help=f"reply length limit (default: {d['max_new_tokens']})")
+    p.add_argument("--temperature", type=float, help=f"0 is greedy (default: {d['temperature']})")
+    p.add_argument("--top-k", type=int, help=f"0 is off (default: {d['top_k']})")
+    p.add_argument("--top-p", type=float, help=f"nucleus sampling (default: {d['top_p']})")
+    p.add_argument("--seed", type=int)
+
+
 def chat_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nanochat-tui", description="Chat with a small local model. "
                                 f"Subcommands: {', '.join(SUBCOMMANDS)} (nanochat-tui SUBCOMMAND -h).")
@@ -32,19 +41,19 @@ def chat_parser() -> argparse.ArgumentParser:
     p.add_argument("--headless", action="store_true", help="read stdin, write JSON lines")
     p.add_argument("--jsonl", action="store_true",
                    help='headless, with input as {"user": ...} / {"command": ...} lines')
-    d = DEFAULTS
-    p.add_argument("--max-new-tokens", type=int, help=f"reply length limit (default: {d['max_new_tokens']})")
-    p.add_argument("--temperature", type=float, help=f"0 is greedy (default: {d['temperature']})")
-    p.add_argument("--top-k", type=int, help=f"0 is off (default: {d['top_k']})")
-    p.add_argument("--top-p", type=float, help=f"nucleus sampling (default: {d['top_p']})")
-    p.add_argument("--seed", type=int)
+    add_sampling_options(p)
     p.add_argument("--system", help="system prompt (default: the model's own)")
     p.add_argument("--context", type=int, help="KV cache capacity in tokens (default: the model's context)")
     p.add_argument("--low-water", type=float, help="when the context fills, drop old exchanges down to this share "
-                   f"of it, so the re-prefill is rare; 1 drops just enough (default: {d['low_water']})")
+                   f"of it, so the re-prefill is rare; 1 drops just enough (default: {DEFAULTS['low_water']})")
     stored = p.add_mutually_exclusive_group()
     stored.add_argument("--chat", type=int, metavar="ID", help="continue stored chat ID")
     stored.add_argument("--resume", action="store_true", help="continue the last chat")
+    p.add_argument("--backend", metavar="URL", help="chat through an OpenAI-compatible server (nanochat-tui serve, "
+                   "llama.cpp's llama-server, vLLM, ...) instead of a model in this process (docs/serve.md)")
+    p.add_argument("--api-key", help="--backend: the server's API key (or set NANOCHAT_TUI_API_KEY)")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="--backend: seconds to wait for the server (default: 60)")
     p.add_argument("--no-store", action="store_true", help="keep nothing: chats are saved after every turn otherwise")
     return p
 

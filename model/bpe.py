@@ -81,15 +81,17 @@ def token_bytes(token: str, where: str) -> bytes:
 
 
 def check_merge_order(ids: dict[str, int], merges: list[tuple[str, str]], where: str) -> set[str]:
-    """Raise unless each merge makes a token whose id exceeds the previous merge's; return the
-    merged tokens."""
+    """Raise unless the tokens the merges make never go down in id along the merge list; return
+    the merged tokens. Several merges may make one token (Meta's Llama 3 list has `Ġ ĠĠĠ`,
+    `ĠĠ ĠĠ` and `ĠĠĠ Ġ` for id 257): they share its rank, as in Meta's own tiktoken file,
+    whose ranks are these ids (docs/tokenizers.md: why that still gives the merge list's ids)."""
     prev, made = -1, set()
     for i, (a, b) in enumerate(merges):
         tid = ids.get(a + b)
         if tid is None or a not in ids or b not in ids:
             raise ModelLoadError(f"{where}: merge {i} ({a!r} + {b!r}) uses or makes a token "
                                  "missing from the vocabulary")
-        if tid <= prev:
+        if tid < prev:
             raise ModelLoadError(f"{where}: token ids do not follow merge order (merge {i} makes id "
                                  f"{tid} after id {prev}), so they cannot serve as tiktoken ranks")
         prev = tid

@@ -1,16 +1,16 @@
-"""SentencePiece-style BPE with byte fallback (Gemma 3), run by the `tokenizers` library.
+"""SentencePiece-style BPE with byte fallback (Llama 2 / TinyLlama / Mistral, Gemma 3), run by
+the `tokenizers` library.
 
 Byte-level BPE (model/bpe.py) maps bytes to printable characters and merges by rank; this is
-the other kind: spaces become U+2581 ("▁"), the whole text between added tokens is one word,
-pieces merge in the vocabulary's order, and a character no piece covers is spelled as
-<0xNN> byte tokens. tiktoken cannot express byte fallback, so `tokenizers` runs it: the same
-library, model and settings transformers' Gemma tokenizer uses, hence exact parity
-(tests/test_gemma_real.py checks it on the real vocabulary).
+the other kind: spaces become U+2581 ("▁"), pieces merge by score, and a character no piece
+covers is spelled as <0xNN> byte tokens. tiktoken cannot express byte fallback, so
+`tokenizers` runs it: the same library, model and settings transformers' tokenizers use, hence
+exact parity (tests/test_gemma_real.py on Gemma's real vocabulary, tests/test_llama_vocab.py on
+llama.cpp's own cases for Llama 2's). Llama-family vocabularies put a "▁" before the text (the
+dummy prefix); decoding takes that one space off again, as the reference's decoder does.
 
-A GGUF carries the pieces, their scores and types but no merges; `tokenizer_json_from_gguf`
-rebuilds the merges from the vocabulary in the order transformers does (by the merged
-piece's place in the file, then the longer left part first) once, at conversion, and the
-canonical model directory stores the result as an ordinary tokenizer.json.
+A GGUF carries the pieces, their scores and types but no merges: model/spm_gguf.py rebuilds
+them once, at conversion, and the canonical model directory stores an ordinary tokenizer.json.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from model.tokenizer import StreamDecoder, Tokenizer
 
 SPACE = "\u2581"
 BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-# llama.cpp token types (gguf.TokenType): 3 CONTROL, 4 USER_DEFINED, 5 UNUSED, 6 BYTE.
-CONTROL, USER_DEFINED, UNUSED = 3, 4, 5
+# The pre-tokenizer our GGUF conversion gives Llama-family vocabularies (model/spm_gguf.py).
+LLAMA_SPLIT = {"type": "Split", "pattern": {"Regex": f"{SPACE}*[^{SPACE}]+|{SPACE}+"}, "behavior": "Isolated",
+               "invert": False}
 
 
 class SPMTokenizer(Tokenizer):
@@ -39,8 +40,11 @@ class SPMTokenizer(Tokenizer):
     the reference does with specials allowed (added tokens split the text before the model
     sees it)."""
 
-    def __init__(self, hf, bos: str | None = None, eos: str | None = None, name: str = "spm"):
-        self.hf, self.enc, self.name = hf, None, name
+    def __init__(self, hf, bos: str | None = None, eos: str | None = None, name: str = "spm",
+                 prefix_space: bool = False):
+        self.hf, self.enc, self.name, self.prefix_space = hf, None, name, prefix_space
+        self._unprefixed = None
+        self.fast = None   # set by spm_from_json for Llama 2's shape
         self.hf.encode_special_tokens = True
         self.special = {t.content: i for i, t in hf.get_added_tokens_decoder().items() if t.special}
         for s in (bos, eos):
@@ -61,24 +65,50 @@ class SPMTokenizer(Tokenizer):
         return len(self.pieces)
 
     def encode(self, text: str) -> list[int]:
+        if self.fast is not None:   # the same ids on tiktoken (model/spm_fast.py)
+            return self.fast.encode(text)
         return self.hf.encode(text, add_special_tokens=False).ids if text else []
 
-    def encode_rendered(self, text: str) -> list[int]:
-        if self._split is None:
+    def encode_rendered(self, text: str, continuing: bool = False) -> list[int]:
+        if continuing and self.prefix_space and text:
+            # After a reply the model wrote, text up to the next special token goes on where the
+            # reply stopped: no dummy prefix there (llama.cpp puts one only after special tokens).
+            m = self._split.search(text) if self._split else None
+            head, rest = (text[:m.start()], text[m.start():]) if m else (text, "")
+            ids = self.hf_unprefixed().encode(head, add_special_tokens=False).ids if head else []
+            return ids + self.encode_rendered(rest)
+        if self._split is None or not text:
             return self.encode(text)
-        ids: list[int] = []
-        for i, part in enumerate(self._split.split(text)):
-            ids += [self.special[part]] if i % 2 else self.encode(part)
-        return ids
+        # One call with special tokens matched: the library then applies a dummy prefix
+        # exactly where the reference does ("first" only at the start, "always" after each).
+        self.hf.encode_special_tokens = False
+        try:
+            return self.hf.encode(text, add_special_tokens=False).ids
+        finally:
+            self.hf.encode_special_tokens = True
+
+    def hf_unprefixed(self):
+        """The same tokenizer without the dummy prefix, built on first use."""
+        if self._unprefixed is None:
+            from tokenizers import Tokenizer as HFTokenizer  # lazy, as in spm_from_json
+            data = json.loads(self.hf.to_str())
+            if data.get("normalizer") == LLAMA_NORMALIZER:
+                data["normalizer"] = GEMMA_NORMALIZER
+            elif (data.get("pre_tokenizer") or {}).get("type") == "Metaspace":
+                data["pre_tokenizer"]["prepend_scheme"] = "never"
+            self._unprefixed = HFTokenizer.from_str(json.dumps(data))
+            self._unprefixed.encode_special_tokens = True
+        return self._unprefixed
 
     def decode(self, ids: list[int]) -> str:
-        return b"".join(self._bytes[i] for i in ids).decode("utf-8", errors="replace")
+        text = b"".join(self._bytes[i] for i in ids).decode("utf-8", errors="replace")
+        return text[1:] if self.prefix_space and text.startswith(" ") else text
 
     def token_bytes(self, tok: int) -> bytes:
         return self._bytes[tok]
 
     def stream_decoder(self) -> StreamDecoder:
-        return StreamDecoder(self)
+        return PrefixStreamDecoder(self) if self.prefix_space else StreamDecoder(self)
 
     def fingerprint(self) -> str:
         """Stored token ids are reusable by another model iff this matches (chatapp/store/identity.py)."""
@@ -86,6 +116,22 @@ class SPMTokenizer(Tokenizer):
         h.update("\x00".join(self.pieces).encode("utf-8", "surrogatepass"))
         h.update(json.dumps(sorted(self.special.items())).encode())
         return h.hexdigest()
+
+
+class PrefixStreamDecoder(StreamDecoder):
+    """A reply's text as `decode` gives it, a token at a time: the dummy prefix's space in
+    front of its first word is not part of the text."""
+
+    def __init__(self, tok: Tokenizer):
+        super().__init__(tok)
+        self.started = False
+
+    def push(self, tok: int) -> str:
+        text = super().push(tok)
+        if not self.started and text:
+            self.started = True
+            return text[1:] if text.startswith(" ") else text
+        return text
 
 
 def piece_bytes(piece: str) -> bytes:
@@ -100,20 +146,28 @@ def is_spm_json(data: dict) -> bool:
     return model.get("type") == "BPE" and bool(model.get("byte_fallback"))
 
 
-def check_spm_shape(data: dict, where: str) -> None:
-    """Refuse a byte-fallback tokenizer.json whose text handling is not Gemma's (the one we
-    have checked against the reference): a prefix space, a pre-tokenizer or another normalizer
-    would encode differently from what the model was trained on."""
-    norm = data.get("normalizer")
-    if norm != {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}:
-        raise ModelLoadError(f"{where}: byte_fallback (SentencePiece) tokenizer with normalizer "
-                             f"{json.dumps(norm)[:80]} is not supported (only Gemma's: spaces to \u2581, "
-                             "no prefix space)")
-    pre = data.get("pre_tokenizer")
-    if pre not in (None, {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
-                          "invert": False}):
-        raise ModelLoadError(f"{where}: byte_fallback (SentencePiece) tokenizer with pre_tokenizer "
-                             f"{json.dumps(pre)[:80]} is not supported")
+GEMMA_NORMALIZER = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}
+LLAMA_NORMALIZER = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": SPACE}, GEMMA_NORMALIZER]}
+
+
+def check_spm_shape(data: dict, where: str) -> bool:
+    """Refuse a byte-fallback tokenizer.json whose text handling is none of the shapes the
+    SentencePiece families ship (the ones checked against their references): Gemma's (spaces
+    to ▁), Llama 2's legacy one (a ▁ in front, then spaces to ▁), or the Metaspace
+    pre-tokenizer of newer Llama-family files. Returns whether it adds the dummy prefix."""
+    norm, pre = data.get("normalizer"), data.get("pre_tokenizer")
+    gemma_pre = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False}
+    if norm == GEMMA_NORMALIZER and pre in (None, gemma_pre):
+        return False
+    if norm == LLAMA_NORMALIZER and pre in (None, LLAMA_SPLIT):
+        return True
+    if norm is None and isinstance(pre, dict) and pre.get("type") == "Metaspace":
+        scheme = pre.get("prepend_scheme", "always" if pre.get("add_prefix_space", True) else "never")
+        if pre.get("replacement") == SPACE and scheme in ("first", "always", "never") and not pre.get("split"):
+            return scheme != "never"
+    raise ModelLoadError(f"{where}: byte_fallback (SentencePiece) tokenizer with normalizer "
+                         f"{json.dumps(norm)[:60]} and pre_tokenizer {json.dumps(pre)[:60]} is not supported "
+                         "(Gemma's, Llama 2's and Metaspace's are)")
 
 
 def spm_from_json(path: Path, text: str, data: dict, tokenizer_config: dict) -> SPMTokenizer:
@@ -122,7 +176,7 @@ def spm_from_json(path: Path, text: str, data: dict, tokenizer_config: dict) -> 
     # Lazy: only SentencePiece vocabularies need the tokenizers library.
     from tokenizers import Tokenizer as HFTokenizer
 
-    check_spm_shape(data, str(path))
+    prefix = check_spm_shape(data, str(path))
     try:
         hf = HFTokenizer.from_str(text)
     except Exception as e:   # tokenizers raises plain Exception subclasses for a malformed file
@@ -132,53 +186,22 @@ def spm_from_json(path: Path, text: str, data: dict, tokenizer_config: dict) -> 
     def name(v):
         return v.get("content") if isinstance(v, dict) else v
 
-    return SPMTokenizer(hf, name(tokenizer_config.get("bos_token")), name(tokenizer_config.get("eos_token")),
-                        Path(path).parent.name or "spm")
+    tok = SPMTokenizer(hf, name(tokenizer_config.get("bos_token")), name(tokenizer_config.get("eos_token")),
+                       Path(path).parent.name or "spm", prefix)
+    tok.fast = fast_path(data)
+    return tok
 
 
-# --- GGUF ------------------------------------------------------------------------------------
+def fast_path(data: dict):
+    """tiktoken for Llama 2's shape (model/spm_fast.py says when that is exact), else None."""
+    from model.spm_fast import build_fast_spm  # lazy: tiktoken's Encoding is built only here
 
-def merges_from_vocab(pieces: list[str], skip: set[int]) -> list[tuple[str, str]]:
-    """Every (left, right) whose concatenation is a piece, both parts pieces themselves: best
-    first by the merged piece's place in the vocabulary (Gemma's order), then the longer
-    left part first (transformers' tie-break, so the two pick the same merge)."""
-    ids = {p: i for i, p in enumerate(pieces) if i not in skip}
-    merges = []
-    for i, piece in enumerate(pieces):
-        if i in skip:
-            continue
-        splits = [(piece[:k], piece[k:]) for k in range(len(piece) - 1, 0, -1)
-                  if piece[:k] in ids and piece[k:] in ids]
-        merges += splits
-    return merges
-
-
-def tokenizer_json_from_gguf(meta: dict, where: str) -> dict:
-    """A tokenizer.json for a GGUF's `tokenizer.ggml.model = llama` vocabulary (Gemma's)."""
-    pieces = list(meta["tokenizer.ggml.tokens"])
-    types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(pieces))
-    if len(types) != len(pieces):
-        raise ModelLoadError(f"{where}: {len(pieces)} tokens but {len(types)} token types")
-    # llama.cpp's converter stores pieces of two or more spaces as spaces; the model looks them up as ▁▁.
-    vocab_pieces = [SPACE * len(p) if " " in p and not p.strip() else p for p in pieces]
-    if len(set(vocab_pieces)) != len(vocab_pieces):
-        raise ModelLoadError(f"{where}: the vocabulary has duplicate pieces")
-    special = {i for i, t in enumerate(types) if t in (CONTROL, UNUSED)}
-    added = [{"id": i, "content": p, "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": i in special}
-             for i, (p, t) in enumerate(zip(pieces, types, strict=True))
-             if i in special or (t == USER_DEFINED and p == vocab_pieces[i])]
-    return {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": SPACE},
-        "pre_tokenizer": {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
-                          "invert": False},
-        "post_processor": None,
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": SPACE}, "content": " "},
-            {"type": "ByteFallback"}, {"type": "Fuse"}]},
-        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
-                  "vocab": {p: i for i, p in enumerate(vocab_pieces)},
-                  "merges": [list(m) for m in merges_from_vocab(vocab_pieces, set())]},
-    }
+    model, added = data["model"], data.get("added_tokens") or []
+    if (data.get("normalizer") != LLAMA_NORMALIZER or data.get("pre_tokenizer") not in (None, LLAMA_SPLIT)
+            or any(not a.get("special") for a in added) or model.get("ignore_merges") or model.get("dropout")):
+        return None
+    vocab = model["vocab"]
+    if data.get("pre_tokenizer") is None and any(SPACE in p.lstrip(SPACE) for p in vocab):
+        return None   # a piece runs across the start of a run of spaces: the cut would not be exact
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
+    return build_fast_spm(vocab, merges, True, {a["content"] for a in added})

@@ -29,9 +29,10 @@ class Tokenizer:
         """Plain text: special-token strings are encoded as ordinary text."""
         return self.enc.encode(text, allowed_special=set(), disallowed_special=())
 
-    def encode_rendered(self, text: str) -> list[int]:
+    def encode_rendered(self, text: str, continuing: bool = False) -> list[int]:
         """Text a chat template rendered: special-token strings become the tokens. Never for
-        user text."""
+        user text. `continuing`: the text goes on after tokens already there (a reply the model
+        wrote), so it opens no new text (byte-level BPE has nothing to do for that)."""
         return self.enc.encode(text, allowed_special="all")
 
     def token(self, name: str) -> int:

@@ -17,6 +17,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from model.bpe import tokenizer_from_json
 from model.chat_formats.jinja_env import render
 from model.chat_formats.recognize import marker, template_for
+from model.chat_formats.whole import PLAIN_CHAT, TemplateFormat
 from model.templates import ChatML, Llama3, Qwen3, strftime_now
 from model.tokenizer import Tokenizer
 
@@ -125,24 +126,50 @@ def test_a_llama_chat_keeps_the_date_it_started_on():
 
 QWEN3 = source("Qwen-Qwen3-0.6B")
 QWEN3, SMOL, LLAMA32 = "Qwen-Qwen3-0.6B", "HuggingFaceTB-SmolLM2-135M-Instruct", "meta-llama-Llama-3.2-3B-Instruct"
-REFUSED = {  # name: (the vendor whose tokenizer it is for, the template)
+WHOLE = {  # name: (the vendor whose tokenizer it is for, a template none of our formats reproduces)
     # A variant in circulation that keeps every reply's thinking in the history.
     "keeps history thinking": (QWEN3, source(QWEN3).replace(
         "loop.index0 > ns.last_query_index %}", "loop.index0 > ns.last_query_index or reasoning_content %}")),
     "thinking off": (QWEN3, source(QWEN3).replace("enable_thinking is defined and enable_thinking is false", "true")),
     "trims messages": (SMOL, source(SMOL).replace("message['content']", "message['content'] | trim")),
     "Llama 3 without BOS": (LLAMA32, source(LLAMA32).replace("{{- bos_token }}", "")),
-    "Mistral": (LLAMA32, "{{ bos_token }}{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}"),
-    "raises": (SMOL, "{{ raise_exception('no system role') }}<|im_start|>"),
+    "Mistral": (LLAMA32, "{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}[INST] {{ m.content }} "
+                         "[/INST]{% else %}{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}"),
 }
 
 
-@pytest.mark.parametrize("name", list(REFUSED))
-def test_a_template_we_cannot_reproduce_is_refused_in_one_line(name):
-    vendor, src = REFUSED[name]
+@pytest.mark.parametrize("name", list(WHOLE))
+@pytest.mark.parametrize("thinking", [False, True])
+def test_a_template_no_format_reproduces_is_rendered_whole_as_transformers_does(name, thinking):
+    vendor, src = WHOLE[name]
+    tok, ref = trained(vendor)
+    fmt = template_for(tok, src)
+    assert isinstance(fmt, TemplateFormat)
+    _, bos, eos, _ = VENDORS[vendor]
+    replies = THOUGHTS if thinking and vendor == QWEN3 else REPLIES
+    for system in (None, SYSTEM):
+        for n in range(3):
+            msgs = messages(system, USERS, replies[:n])
+            want, _ = reference([msgs], chat_template=src, add_generation_prompt=True, bos_token=bos, eos_token=eos)
+            # replies the model wrote keep their ids: here, what the reference tokenizer gives them
+            pairs = [(u, r, ref.encode(r, add_special_tokens=False).ids)
+                     for u, r in zip(USERS, replies[:n], strict=False)]
+            got = fmt.render("" if system is None else system, pairs, USERS[n]).tokens
+            assert got == ref.encode(want[0], add_special_tokens=False).ids, (name, system, n)
+
+
+def test_a_template_that_raises_is_refused_in_one_line():
     with pytest.raises(ValueError) as e:
-        template_for(trained(vendor)[0], src)
+        template_for(trained(SMOL)[0], "{{ raise_exception('no system role') }}<|im_start|>")
     msg = str(e.value)
-    assert msg.startswith("chat template not supported: ")
-    assert msg.endswith("(supported: ChatML, Qwen3, Llama 3, Gemma)")
+    assert msg.startswith("chat template not supported: it fails on a plain chat (no system role)")
     assert "\n" not in msg and len(msg) < 300, msg
+
+
+def test_no_template_and_no_chatml_tokens_is_the_plain_format():
+    tok = trained(LLAMA32)[0]
+    fmt = template_for(tok, None)
+    assert isinstance(fmt, TemplateFormat) and fmt.source == PLAIN_CHAT
+    text = tok.decode(fmt.render("", [("Hi", "Hello.", None)], "Bye").tokens)
+    assert text == "<|begin_of_text|>User: Hi\n\nAssistant: Hello.<|eot_id|>\n\nUser: Bye\n\nAssistant:"
+    assert tok.token("<|eot_id|>") in fmt.stop_ids

@@ -53,8 +53,7 @@ def test_a_hostile_template_in_a_model_is_refused_at_load_naming_it(tiny):
 def test_vendor_templates_stay_far_inside_the_limits(path):
     """A hundredth of the steps and output and a fifth of the time still render them."""
     tight = Limits(output_bytes=Limits.output_bytes // 100, steps=Limits.steps // 100, seconds=Limits.seconds / 5)
-    msgs = [{"role": "system", "content": "Be brief."}] + [
-        {"role": r, "content": f"message {i}"} for i, r in enumerate(["user", "assistant"] * 20 + ["user"])]
+    msgs = [{"role": r, "content": f"message {i}"} for i, r in enumerate(["user", "assistant"] * 20 + ["user"])]
     out = render(path.read_text(encoding="utf-8"), msgs, lambda f: "01 Dec 2026", tight, bos_token="<s>",
                  eos_token="</s>")
     assert "message 40" in out

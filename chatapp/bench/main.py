@@ -24,6 +24,7 @@ from chatapp.bench.peer import hf_static_decode
 from chatapp.bench.profile import graph_step_us, kernel_table
 from chatapp.bench.report import print_model, summary_line
 from chatapp.bench.resume import bench_resume
+from chatapp.bench.tokenize import print_tokenizer_speed, tokenizer_speed
 from chatapp.bench.turns import multiturn, script_tokens
 from chatapp.launch import check_device
 from model.errors import UserError
@@ -266,7 +267,15 @@ def gpu_peer_model(spec: str, gguf: str | None, args: BenchArgs) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--tokenizers"]:   # tokenizer speed only: no model, no device
+        if len(argv) != 2:
+            raise UserError("bench --tokenizers DIR: give the folder of ggml-vocab-*.gguf files, nothing else")
+        rows = tokenizer_speed(argv[1])
+        print_tokenizer_speed(rows)
+        print(json.dumps({"tokenizer_speed": rows}))
+        return 0
+    args = parse(argv)
     device = torch.device(args.device)
     peak = peak_bandwidth(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

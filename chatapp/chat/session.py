@@ -15,31 +15,22 @@ import threading
 import time
 from collections.abc import Generator as Yields
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from chatapp.chat import trim
+from chatapp.chat import trim, whole
 from chatapp.chat.attach import PASTED, Attachment, Attachments, Budget, file_command
 from chatapp.chat.clip import pick_reply, reply_text
 from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
-from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, TextDelta, ToolCall, Trimmed, TurnStats
+from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, TextDelta, Trimmed, TurnStats
+from chatapp.chat.exchange import Exchange
+from chatapp.chat.respond import adopt_history, parse_messages
 from chatapp.chat.settings import Settings, parse_settings, settings_text
 from chatapp.chat.tools import ToolRunner
+from model.chat_formats.whole import Rendered
 from model.errors import UserError
 from model.generate import Generator
 from model.loading import LoadedModel
 from model.sampling import SamplingConfig
-
-
-@dataclass
-class Exchange:
-    """A user message and its reply, as spans of the token list."""
-
-    user: str
-    start: int              # first token of the user turn
-    reply_start: int        # first token of the reply (after the assistant header)
-    end: int = -1           # after the reply's closing tokens
-    reply: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 class Session:
@@ -139,6 +130,27 @@ class Session:
             self.attached.clear()  # sent with this message (one the model failed on keeps them)
         yield from self._undoable(turn())
 
+    def respond_to(self, messages: list[dict]) -> Iterator[Event]:
+        """An OpenAI-style message list (an optional system message, then user and assistant
+        messages in turn, ending with a user message): the history becomes those messages,
+        rewinding the cache to the longest token prefix it shares with them
+        (chatapp/chat/respond.py), and the last user message is sent as a turn. The events
+        are `send`'s: `cached_before` is the prefix reused, `prefill_tokens` what was not."""
+        saved = (list(self.tokens), list(self.exchanges), list(self.archive), self.settings.system)
+        try:
+            conv = parse_messages(messages)
+            if not conv.user.strip() or not is_text(conv.user):  # refused before anything moves
+                self.user_tokens(conv.user.strip(), first=False)
+            adopt_history(self, conv)
+            new = self.user_tokens(conv.user.strip(), first=not self.exchanges)
+        except UserError as e:
+            # the cache holds a prefix the old and new token lists share: the old one is valid
+            self.tokens, self.exchanges, self.archive, self.settings.system = saved
+            yield Error(str(e))
+            return
+        self.cancel_flag.clear()
+        yield from self._undoable(self.turn(conv.user.strip(), new))
+
     def user_tokens(self, text: str, first: bool) -> list[int]:
         """The tokens a user message adds (with the system prompt folded in when it is the
         `first` in the context, for families that do that); UserError, nothing changed, when it
@@ -157,6 +169,13 @@ class Session:
     def turn(self, text: str, new: list[int]) -> Iterator[Event]:
         """The turn for a message `user_tokens` gave `new` for; run it inside `_undoable`."""
         self.cancel_flag.clear()  # before the trim's re-fill, so a stop pressed during it counts
+        if whole.is_whole(self):  # the template rendered whole: chat/whole.py
+            trimmed = yield from whole.make_room(self, text)
+            whole.sync(self, text)
+            start = max((ex.end for ex in self.exchanges if ex.end >= 0), default=len(self.template.start(self.system)))
+            self.exchanges.append(Exchange(text, min(start, len(self.tokens)), len(self.tokens)))
+            yield from self._reply(trimmed)
+            return
         self._last_reply_as_history()
         trimmed = yield from self._make_room(len(new))
         self.exchanges.append(Exchange(text, len(self.tokens), len(self.tokens) + len(new)))
@@ -192,6 +211,9 @@ class Session:
             self.gen.forget()
             reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
             yield self.state("undone")
+            if isinstance(e, UserError):   # the chat template refused the chat (chat_formats/whole.py)
+                yield Error(f"{reason}; the chat is as it was before this message")
+                return
             yield Error(f"the model failed during this turn ({type(e).__name__}: {reason}); "
                         f"the chat is as it was before it")
 
@@ -259,8 +281,11 @@ class Session:
         t_end = time.perf_counter()
         ex.reply = self.tok.decode(self.tokens[ex.reply_start:])
         ex.tool_calls = tools.calls
-        self.tokens.extend(self.template.end_reply())  # pending until the next turn
-        ex.end = len(self.tokens)
+        if whole.is_whole(self):  # closed as the template closes it; the cache keeps what still matches
+            whole.close(self, ex, self.tokens[ex.reply_start:])
+        else:
+            self.tokens.extend(self.template.end_reply())  # pending until the next turn
+            ex.end = len(self.tokens)
         if trimmed is not None:  # the trim recomputed the history: nothing was reused
             t0 -= trimmed.reprefill_ms / 1000
             prefill_tokens, cached_before = prefill_tokens + cached_before, 0
@@ -324,7 +349,12 @@ class Session:
         self.cancel_flag.clear()
 
         def retry() -> Iterator[Event]:
-            self.truncate(self.exchanges[-1].reply_start)
+            if whole.is_whole(self):  # the prompt rendered again, without the reply
+                ex = self.exchanges.pop()
+                whole.sync(self, ex.user)
+                self.exchanges.append(Exchange(ex.user, max(ex.start, 0), len(self.tokens)))
+            else:
+                self.truncate(self.exchanges[-1].reply_start)
             yield self.state("retry")
             yield from self._reply()
         yield from self._undoable(retry())
@@ -332,7 +362,12 @@ class Session:
     def undo(self, _arg: str = "") -> Iterator[Event]:
         if not self.exchanges:
             raise UserError("/undo: nothing to undo")
-        self.truncate(self.exchanges.pop().start)
+        ex = self.exchanges.pop()
+        if whole.is_whole(self):
+            whole.adopt(self, self.template.render(self.system, whole.pairs_of(self, self.exchanges), None)
+                        if self.exchanges else Rendered(self.template.start(self.system), []), self.exchanges)
+        else:
+            self.truncate(ex.start)
         yield self.state("undo")
 
     def set_system(self, text: str) -> Iterator[Event]:

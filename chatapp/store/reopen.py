@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from chatapp.chat import whole
 from chatapp.chat.events import Restored, ToolCall
 from chatapp.chat.session import Exchange, Session
 from chatapp.chat.settings import Settings
@@ -106,18 +107,32 @@ def fits_template(session: Session, chat: ChatData, tokens: list[int], exchanges
 
 def conversation(session: Session, chat: ChatData) -> tuple[list[int], list[Exchange], str]:
     """The token list and exchanges to adopt, and a note when the stored ids could not be used."""
+    same = chat.tokenizer_fingerprint == tokenizer_fingerprint(session.tok) and not chat.damage
+    fit = ids_fit(stored_conversation(chat)[0], session.tok.vocab_size) if same else True
+    same = same and fit  # a stored id of 10**9 must never reach the embedding
     if chat.damage:  # validate.py: its ids are not to be trusted; the text is what is left
         more = f" and {len(chat.damage) - 1} more" if len(chat.damage) > 1 else ""
         note = f"damaged row ({chat.damage[0]}{more}); re-tokenized from its text, saved again at the next change"
-    elif chat.tokenizer_fingerprint == tokenizer_fingerprint(session.tok):
-        tokens, exchanges = stored_conversation(chat)
-        if not ids_fit(tokens, session.tok.vocab_size):
-            note = f"stored token ids are past this tokenizer's {session.tok.vocab_size}; re-tokenized from its text"
-        elif fits_template(session, chat, tokens, exchanges):
-            return tokens, exchanges, ""
-        else:
-            note = "stored tokens do not follow this model's chat template; re-tokenized"
+    elif not fit:
+        note = f"stored token ids are past this tokenizer's {session.tok.vocab_size}; re-tokenized from its text"
     else:
+        note = ""
+    if whole.is_whole(session):   # a template rendered whole: render it again, the stored reply ids kept
+        msgs = in_context(chat)
+        exchanges = [Exchange(u.content, -1, -1, -1, a.content, [ToolCall(**c) for c in a.tool_calls])
+                     for u, a in msgs]
+        pairs_ = [(u.content, a.content, list(a.token_ids) if same and a.token_ids else None) for u, a in msgs]
+        tokens = whole.rendered(session.template, chat.system, pairs_, exchanges)
+        stored = stored_conversation(chat)[0]   # without the last reply's closing: no span holds it
+        kept = same and tokens[:len(stored)] == stored
+        return tokens, exchanges, "" if kept else (note or "stored tokens do not follow this model's chat template; "
+                                                   "re-rendered")
+    if same:
+        tokens, exchanges = stored_conversation(chat)
+        if fits_template(session, chat, tokens, exchanges):
+            return tokens, exchanges, ""
+        note = "stored tokens do not follow this model's chat template; re-tokenized"
+    elif not note:
         note = f"made with {chat.model}, another tokenizer; re-tokenized from its text"
     tokens, exchanges = rendered_conversation(session, chat)
     return tokens, exchanges, note

@@ -134,6 +134,10 @@ class ChatApp(ModelSwitching, Editing):
             self.post_message(Loaded(chat))
 
     def open_chat(self, args: argparse.Namespace, progress: Callable[[object], None]) -> ChatKeeper:
+        if getattr(args, "backend", None):
+            from chatapp.remote.open import open_remote  # lazy: httpx is not needed without --backend
+
+            return open_remote(args, self.load_warnings.append)
         from chatapp.launch import open_chat  # lazy: imports torch, which must not delay the first frame
 
         return open_chat(args, progress, self.load_warnings.append)

@@ -15,7 +15,7 @@ from textual.widgets.markdown import MarkdownStream
 from chatapp.chat.events import ToolCall
 from chatapp.tui.visible import visible
 
-STOP_NOTES = {"cancel": "stopped (Esc)", "length": "cut at max_new_tokens"}
+STOP_NOTES = {"cancel": "stopped (Esc)", "length": "cut at max_new_tokens", "error": "cut off (the server failed)"}
 
 
 class ToolMarkup:

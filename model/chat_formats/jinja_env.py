@@ -45,11 +45,11 @@ def compile_template(source: str) -> jinja2.Template:
         raise TemplateBudgetError(f"the chat template is nested too deeply to compile ({type(e).__name__})") from None
 
 
-def render(source: str, messages: list[dict], strftime: Callable[[str], str], limits: Limits = LIMITS,
-           **special: str | None) -> str:
-    """The template over `messages` with the generation prompt added, as the model sees it
-    before it answers. `special` holds bos_token, eos_token, ... (their strings). Bounded
+def render(source: str, messages: list[dict], strftime: Callable[[str], str], add_generation_prompt: bool = True,
+           limits: Limits = LIMITS, **special: str | None) -> str:
+    """The template over `messages` with the generation prompt added (by default), as the model
+    sees it before it answers. `special` holds bos_token, eos_token, ... (their strings). Bounded
     (chat_formats/bounded.py): past `limits`, TemplateBudgetError, a jinja2.TemplateError."""
     size = sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
     return render_bounded(compile_template(source), limits, size, messages=messages, tools=None, documents=None,
-                          add_generation_prompt=True, strftime_now=strftime, **special)
+                          add_generation_prompt=add_generation_prompt, strftime_now=strftime, **special)

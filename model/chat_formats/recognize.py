@@ -17,6 +17,8 @@ import jinja2
 
 from model.chat_formats.bounded import TemplateBudgetError
 from model.chat_formats.jinja_env import render
+from model.chat_formats.whole import PLAIN_CHAT, TemplateFormat
+from model.errors import UserError
 from model.templates import ChatML, ChatTemplate, GemmaFormat, Llama3, Qwen3, encode_rendered, strftime_now
 from model.tokenizer import Tokenizer
 
@@ -132,17 +134,41 @@ def recognize(tok: Tokenizer, source: str) -> ChatTemplate:
     raise ValueError(f"chat template not supported: {reasons[0]} {SUPPORTED}")
 
 
+def whole_format(tok: Tokenizer, source: str, default_system: str = "") -> ChatTemplate:
+    """The template rendered whole every turn (whole.py), when none of our formats is it; a
+    template that cannot render a plain chat is refused in one line."""
+    fmt = TemplateFormat(tok, default_system=default_system, source=source,
+                         end_names=list(getattr(tok, "end_names", ())))
+    try:
+        fmt.render("", [(USERS[0], REPLIES[0], None)], USERS[1])   # no system prompt: some have no system role
+        fmt.render("", [(USERS[0], REPLIES[0], None)], None)
+    except UserError as e:
+        why = str(e).removeprefix("the model's chat template refuses this chat: ")
+        raise ValueError(f"chat template not supported: it fails on a plain chat ({why})") from None
+    return fmt
+
+
+def recognize_or_whole(tok: Tokenizer, source: str, default_system: str = "") -> ChatTemplate:
+    """A hand-written format where one renders exactly as the template does (the fast path),
+    else the template itself, rendered whole."""
+    try:
+        return recognize(tok, source)
+    except ValueError:
+        return whole_format(tok, source, default_system)
+
+
 def gemma_template_for(tok: Tokenizer, chat_template: str | None, default_system: str = "") -> ChatTemplate:
-    """Gemma's format: checked against the model's own template when it has one (the
-    official one is recognised; any other is refused), else Gemma's as its template renders it."""
-    return recognize(tok, chat_template) if chat_template else GemmaFormat(tok, default_system=default_system)
+    """Gemma's format: the official one when the model's own template renders as it does, else
+    that template rendered whole; with no template, Gemma's as its template renders it."""
+    return recognize_or_whole(tok, chat_template) if chat_template else GemmaFormat(tok, default_system=default_system)
 
 
 def template_for(tok: Tokenizer, chat_template: str | None, default_system: str = "") -> ChatTemplate:
-    """The model's format: recognised from its own template, or with none, ChatML when its
-    tokenizer has ChatML's tokens (a model directory without a template)."""
+    """The model's format: recognised from its own template (or that template rendered whole);
+    with none, ChatML when its tokenizer has ChatML's tokens (a model directory without a
+    template), else the plain fallback format (whole.PLAIN_CHAT)."""
     if chat_template:
-        return recognize(tok, chat_template)
+        return recognize_or_whole(tok, chat_template, default_system)
     if "<|im_start|>" in tok.special:
         return ChatML(tok, default_system=default_system)
-    raise ValueError(f"unsupported chat template: the model has none, and no ChatML tokens {SUPPORTED}")
+    return whole_format(tok, PLAIN_CHAT, default_system)

@@ -30,7 +30,7 @@ from model.paths import cache_root
 from model.quant.blocks import BLOCK_TYPES, Packed, repack
 
 Progress = Callable[[str, float, float], None]   # (stage, done, total)
-CONVERTER_VERSION = "3"   # bump when the output of convert_gguf changes: cached conversions are redone
+CONVERTER_VERSION = "4"   # bump when the output of convert_gguf changes: cached conversions are redone
 
 LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",

@@ -17,7 +17,7 @@ import numpy as np
 
 from model.errors import ModelLoadError
 from model.gemma import FULL, SLIDING, GemmaConfig
-from model.spm import tokenizer_json_from_gguf
+from model.loading.gguf_vocab import spm_tokenizer_files
 
 ARCH = "gemma3"
 MODEL_TYPE = "gemma3_text"
@@ -94,26 +94,4 @@ def hf_config(g, name: str, f32) -> dict:
 
 def tokenizer_files(g) -> tuple[dict, dict]:
     """tokenizer.json and tokenizer_config.json for a Gemma GGUF's SentencePiece vocabulary."""
-    meta = {k: v for k, v in g.meta.items() if k.startswith("tokenizer.ggml.")}
-    if "tokenizer.ggml.tokens" not in meta:
-        raise ModelLoadError(f"{g.path}: the GGUF has no tokenizer")
-    if meta.get("tokenizer.ggml.model") != "llama":
-        raise ModelLoadError(f"{g.path}: tokenizer model {meta.get('tokenizer.ggml.model')!r} is not supported "
-                             "for gemma3 (SentencePiece 'llama' only)")
-    tokens = meta["tokenizer.ggml.tokens"]
-
-    def token(key: str) -> str | None:
-        i = g.get(key)
-        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
-
-    template = g.get("tokenizer.chat_template", "")
-    if not isinstance(template, str):
-        raise ModelLoadError(f"{g.path}: tokenizer.chat_template should be text, not {template!r}")
-    config = {
-        "bos_token": token("tokenizer.ggml.bos_token_id"), "eos_token": token("tokenizer.ggml.eos_token_id"),
-        "unk_token": token("tokenizer.ggml.unknown_token_id"), "pad_token": token("tokenizer.ggml.padding_token_id"),
-        "add_bos_token": bool(g.get("tokenizer.ggml.add_bos_token", True)),
-        "model_max_length": g.get(f"{ARCH}.context_length", 32768),
-        "chat_template": template or None, "tokenizer_class": "GemmaTokenizer",
-    }
-    return tokenizer_json_from_gguf(meta, str(g.path)), config
+    return spm_tokenizer_files(g, "gemma", "GemmaTokenizer", 32768)

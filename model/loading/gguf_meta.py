@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from model.errors import ModelLoadError
 from model.limits import check_config
 from model.llama import LlamaConfig
 from model.loading.gguf_check import check_gguf
+from model.loading.gguf_vocab import chat_template, end_tokens, spm_tokenizer_files
 
 # GGUF general.architecture -> the Hugging Face architecture it converts to. Their metadata
 # keys share one layout under the architecture's prefix (llama.cpp's convert_hf_to_gguf.py).
@@ -42,13 +44,14 @@ class GGUFFile:
 
 def open_gguf(path: Path) -> GGUFFile:
     # Lazy: the gguf package costs ~30 ms to import (more on a cold disk), and only a .gguf needs it.
-    from gguf import GGUFReader
+    from model.loading.gguf_fast import FastReader
 
     check_gguf(path)  # every count and tensor range checked before the reader trusts them
     try:
-        reader = GGUFReader(path)
-        meta = {k: f.contents() for k, f in reader.fields.items()}
-    except (ValueError, IndexError, KeyError, OSError, UnicodeDecodeError, OverflowError, RecursionError) as e:
+        reader = FastReader(path)
+        meta = {**{k: f.contents() for k, f in reader.fields.items() if k.startswith("GGUF.")}, **reader.values}
+    except (ValueError, IndexError, KeyError, OSError, UnicodeDecodeError, OverflowError, struct.error,
+            RecursionError) as e:
         raise ModelLoadError(f"{path}: not a readable GGUF file, truncated or corrupt ({e})") from None
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
@@ -122,6 +125,8 @@ def tokenizer_files(g: GGUFFile) -> tuple[dict, dict]:
     """tokenizer.json and tokenizer_config.json contents for the GGUF's vocabulary."""
     if g.arch == gguf_gemma.ARCH:
         return gguf_gemma.tokenizer_files(g)
+    if g.get("tokenizer.ggml.model") == "llama":   # SentencePiece: Llama 2, TinyLlama, Mistral
+        return spm_tokenizer_files(g, "llama", "LlamaTokenizer", 2048)
     meta = {k: v for k, v in g.meta.items() if k.startswith("tokenizer.ggml.")}
     if "tokenizer.ggml.tokens" not in meta:
         raise ModelLoadError(f"{g.path}: the GGUF has no tokenizer")
@@ -139,15 +144,13 @@ def tokenizer_files(g: GGUFFile) -> tuple[dict, dict]:
         eos = "<|endoftext|>"
     bos, eos = (t if t in vocab.special else None for t in (bos, eos))
     make_tokenizer(vocab, bos, eos)
-    template = g.get("tokenizer.chat_template", "")
-    if not isinstance(template, str):
-        raise ModelLoadError(f"{g.path}: tokenizer.chat_template should be text, not {template!r}")
+    template = chat_template(g)
     config = {
         "bos_token": bos, "eos_token": eos, "unk_token": token("tokenizer.ggml.unknown_token_id"),
         "pad_token": token("tokenizer.ggml.padding_token_id"),
         "add_bos_token": bool(g.get("tokenizer.ggml.add_bos_token", False)),
         "model_max_length": g.get(f"{g.arch}.context_length", 2048),
         "chat_template": template, "nanochat_tui_default_system": default_system(template),
-        "tokenizer_class": "GPT2Tokenizer",
+        "tokenizer_class": "GPT2Tokenizer", "nanochat_tui_end_tokens": end_tokens(g),
     }
     return tokenizer_json(vocab, g.get("tokenizer.ggml.pre", "gpt-2")), config

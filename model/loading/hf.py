@@ -114,8 +114,11 @@ def load_hf_dir(path: Path, opts: LoadOptions) -> LoadedModel:
     if not isinstance(system, str) or not isinstance(template_src, str | None):
         raise ModelLoadError(f"{path / 'tokenizer_config.json'}: chat_template and nanochat_tui_default_system "
                              "must be strings")
+    ends = tok_config.get("nanochat_tui_end_tokens") or []
+    tok.end_names = [n for n in ends if isinstance(n, str)]   # the GGUF's eos/eot/eom (gguf_vocab.py)
     try:
         template = family.template(tok, template_src, system)
     except (ValueError, KeyError) as e:
         raise ModelLoadError(f"{path}: {e.args[0]}") from None
+    template.stop_ids |= {tok.special[n] for n in tok.end_names if n in tok.special}   # stop on every end token
     return LoadedModel(model, tok, template, config.get("nanochat_tui_name", path.name), cfg.max_position_embeddings)

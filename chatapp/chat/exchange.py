@@ -1,0 +1,19 @@
+"""One exchange of a chat: a user message and its reply, as spans of the session's token list."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from chatapp.chat.events import ToolCall
+
+
+@dataclass
+class Exchange:
+    """A user message and its reply, as spans of the token list."""
+
+    user: str
+    start: int              # first token of the user turn
+    reply_start: int        # first token of the reply (after the assistant header)
+    end: int = -1           # after the reply's closing tokens
+    reply: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)

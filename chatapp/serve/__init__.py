@@ -1,0 +1,1 @@
+"""`nanochat-tui serve`: the engine behind an OpenAI-compatible HTTP API (docs/serve.md)."""
