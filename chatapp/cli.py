@@ -39,6 +39,12 @@ def run_chat(argv: list[str]) -> int:
     lenient_terminal_input()
     app = ChatApp(args)
     app.run()
+    if app.keeper is not None:  # the screen is gone: the last save, and a line if turns are not on disk
+        from chatapp.store.final_save import final_save
+
+        if line := final_save(app.keeper):
+            print(line, file=sys.stderr)
+            return 1
     return app.return_code or 0  # Textual sets 1 when the app ended on an error
 
 

@@ -13,6 +13,7 @@ from typing import BinaryIO, TextIO
 
 from chatapp.chat.commands import is_text, split_input
 from chatapp.chat.events import Error, Event, Prefilling, Quit, TextDelta, to_json
+from chatapp.store.final_save import final_save
 from chatapp.store.keeper import ChatKeeper
 
 
@@ -66,9 +67,17 @@ def run_headless(chat: ChatKeeper, stream: BinaryIO, jsonl: bool = False, out: T
                 case TextDelta() | Prefilling():
                     continue  # the turn event carries the whole reply; the trim event the re-prefill's figures
                 case Quit():
-                    return 0
+                    return farewell(chat, out)
                 case _:
                     emit(ev, out)
+    return farewell(chat, out)
+
+
+def farewell(chat: ChatKeeper, out: TextIO) -> int:
+    """The last save before the process goes; 1, with one error line, if turns are not on disk."""
+    if line := final_save(chat):
+        emit(Error(line), out)
+        return 1
     return 0
 
 

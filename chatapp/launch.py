@@ -29,6 +29,7 @@ from chatapp.store.models import remember
 from kvcache.attention import available_backends
 from model.errors import UserError
 from model.kernels.cpu import native
+from model.limits import cache_room, fitting_context
 from model.loading import LoadOptions, load_model
 from model.threads import use_threads
 
@@ -119,7 +120,27 @@ def open_session(args: argparse.Namespace, progress=None, warn: Warn | None = No
     if args.context is not None and args.context > lm.context_length:
         (warn or to_stderr)(f"nanochat-tui: --context {args.context} is more than {lm.name} takes; "
                             f"using its {lm.context_length}")
-    return Session(lm, settings, context=args.context)
+    context = args.context or fitting(lm, warn or to_stderr)
+    try:
+        return Session(lm, settings, context=context)
+    except (MemoryError, OSError, RuntimeError) as e:  # the cache did not fit after all
+        size = min(context or lm.context_length, lm.context_length)
+        raise UserError(f"cannot allocate a {size:,}-token KV cache for {lm.name} ({e}); "
+                        "try a smaller --context") from None
+
+
+def fitting(lm, warn: Warn) -> int | None:
+    """The model's own context, or (with a note) the longest cache this machine can spare memory
+    for: a config may claim 2**24 tokens. None: the model's own. --context overrides it."""
+    device = str(next(lm.model.parameters()).device)
+    per_token = lm.model.new_cache(1).bytes_per_token
+    fit = fitting_context(lm.context_length, per_token, cache_room(device))
+    if fit >= lm.context_length:
+        return None
+    warn(f"nanochat-tui: note: {lm.name} claims a {lm.context_length:,}-token context, whose KV cache "
+         f"({lm.context_length * per_token / 2**30:,.1f} GiB) is more than this machine can spare; using "
+         f"{fit:,} tokens (--context N asks for more)")
+    return fit
 
 
 def open_keeper(session: Session, args: argparse.Namespace, warn: Warn | None = None) -> ChatKeeper:
@@ -147,7 +168,14 @@ def open_keeper(session: Session, args: argparse.Namespace, warn: Warn | None = 
     if resume and chat_id is None:
         warn("nanochat-tui: no stored chat to resume; starting a new one")
     if chat_id is not None:
-        _restored, errors = keeper.open(chat_id)
+        try:
+            _restored, errors = keeper.open(chat_id)
+        except StoreError as e:
+            if chat is not None:  # asked for by number: say why, start nothing
+                raise
+            # --resume: the latest chat cannot open (damaged, too long): the others stay reachable
+            warn(f"nanochat-tui: warning: could not resume: {e}; starting a new chat")
+            return keeper
         for e in errors:
             warn(f"nanochat-tui: warning: {e.message}")
         for k, v in given_sampling(args).items():

@@ -23,6 +23,8 @@ from pathlib import Path
 import tiktoken
 
 from model.errors import ModelLoadError
+from model.files import read_bytes
+from model.limits import check_ids, check_vocab
 from model.pretokenizers import (
     NORMALIZERS,
     PRE_TOKENIZERS,
@@ -187,7 +189,9 @@ def vocab_from_tokenizer_json(data: dict, where: str) -> BPEVocab:
     added = [added_from_json(t, where) for t in data.get("added_tokens", [])]
     vocab: dict[str, int] = dict(model["vocab"])
     vocab.update({a.content: a.id for a in added})
-    tokens = [""] * (max(vocab.values()) + 1)
+    check_ids(vocab.values(), where)  # before a list as long as the largest id is made
+    tokens = [""] * (max(vocab.values(), default=-1) + 1)
+    check_vocab(tokens, where)
     for tok, i in vocab.items():
         tokens[i] = tok
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
@@ -204,13 +208,15 @@ def _token_name(value) -> str | None:
 
 def tokenizer_from_json(path: Path, tokenizer_config: dict) -> Tokenizer:
     """The tokenizer of a Hugging Face `tokenizer.json`: byte-level BPE, or SentencePiece BPE."""
+    if not Path(path).exists():
+        raise ModelLoadError(f"{path}: missing")
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_bytes(Path(path), "tokenizer").decode("utf-8")  # a regular file, size-capped
         data = json.loads(text)
-    except FileNotFoundError:
-        raise ModelLoadError(f"{path}: missing") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+    except (RecursionError, ValueError):  # nested past Python's limit; a number of 4,300+ digits
+        raise ModelLoadError(f"{path}: JSON too deeply nested or with too large a number") from None
     if is_spm_json(data):   # SentencePiece BPE with byte fallback (Gemma): model/spm.py
         return spm_from_json(path, text, data, tokenizer_config)
     v = vocab_from_tokenizer_json(data, str(path))
@@ -240,6 +246,7 @@ def vocab_from_gguf(meta: dict, where: str) -> BPEVocab:
     if pre not in PRE_TOKENIZERS:
         raise ModelLoadError(f"{where}: pre-tokenizer {pre!r} is not supported ({', '.join(PRE_TOKENIZERS)})")
     tokens = list(meta["tokenizer.ggml.tokens"])
+    check_vocab(tokens, where)
     types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
     if len(types) != len(tokens):
         raise ModelLoadError(f"{where}: {len(tokens)} tokens but {len(types)} token types")

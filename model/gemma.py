@@ -229,16 +229,28 @@ class Gemma(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self._rope: dict[bool, tuple[torch.Tensor, torch.Tensor]] | None = None
         self.cache_dtype: torch.dtype | None = None  # None: the weights' dtype (quantized models: fp16)
+        self.longest_cache = 0  # the rotary tables' length follows it (rope_length)
+        self.retired: list = []  # tables replaced by longer ones, kept alive for graphs captured on them
 
     def new_cache(self, seq_len: int | None = None) -> KVCache:
         c, p = self.config, self.model.norm.weight
-        return KVCache(1, c.num_key_value_heads, seq_len or self.max_seq_len, c.head_dim,
-                       c.num_hidden_layers, p.device, self.cache_dtype or p.dtype)
+        cache = KVCache(1, c.num_key_value_heads, seq_len or self.max_seq_len, c.head_dim,
+                        c.num_hidden_layers, p.device, self.cache_dtype or p.dtype)
+        # only once it exists: a cache that failed to allocate must not size the rotary tables
+        self.longest_cache = max(self.longest_cache, cache.capacity)
+        return cache
+
+    def rope_length(self) -> int:
+        """Rotary tables cover the longest cache made, not the context the config claims: a
+        claimed 2**31 with a 4,096-token cache must not allocate 16 GB of tables (issue 27)."""
+        return self.longest_cache or min(self.max_seq_len, 1 << 16)
 
     def rope(self, device: torch.device) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
         """fp32 (cos, sin) tables keyed by "is the layer sliding": two rotary bases."""
-        if self._rope is None or self._rope[True][0].device != device:
-            c, n = self.config, self.config.max_position_embeddings
+        n = self.rope_length()
+        if self._rope is None or self._rope[True][0].device != device or self._rope[True][0].shape[0] < n:
+            c = self.config
+            self.retired += [self._rope] if self._rope is not None else []  # a captured CUDA graph may read them
             factor = [c.rope_scaling_factor] * (c.head_dim // 2) if c.rope_scaling_factor != 1.0 else None
             self._rope = {True: rotary_tables(c.head_dim, n, c.rope_local_base_freq, device=device),
                           False: rotary_tables(c.head_dim, n, c.rope_theta, device=device, freq_factors=factor)}

@@ -40,8 +40,9 @@ class LlamaConfig:
     def __post_init__(self):
         """ValueError naming the field for a config no model can be built from: a hand-edited
         config.json or GGUF metadata must fail here, not as a ZeroDivisionError or NaN later."""
+        explicit = ("head_dim",) if self.head_dim is not None else ()  # [] or 0 too: not "derive it"
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "max_position_embeddings") + (("head_dim",) if self.head_dim else ()):
+                     "num_key_value_heads", "max_position_embeddings") + explicit:
             if type(v := getattr(self, name)) is not int or v < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, not {v!r}")
         for name in ("rms_norm_eps", "rope_theta"):
@@ -206,18 +207,29 @@ class Llama(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # fp32 even in a bf16 model
         self.cache_dtype: torch.dtype | None = None  # None: the weights' dtype (quantized models: fp16)
+        self.longest_cache = 0  # the rotary tables' length follows it (rope_length)
+        self.retired: list = []  # tables replaced by longer ones, kept alive for graphs captured on them
 
     def new_cache(self, seq_len: int | None = None) -> KVCache:
         c = self.config
         p = self.model.norm.weight
-        return KVCache(1, c.num_key_value_heads, seq_len or self.max_seq_len, c.head_dim,
-                       c.num_hidden_layers, p.device, self.cache_dtype or p.dtype)
+        cache = KVCache(1, c.num_key_value_heads, seq_len or self.max_seq_len, c.head_dim,
+                        c.num_hidden_layers, p.device, self.cache_dtype or p.dtype)
+        # only once it exists: a cache that failed to allocate must not size the rotary tables
+        self.longest_cache = max(self.longest_cache, cache.capacity)
+        return cache
+
+    def rope_length(self) -> int:
+        """Rotary tables cover the longest cache made, not the context the config claims: a
+        claimed 2**31 with a 4,096-token cache must not allocate 16 GB of tables (issue 27)."""
+        return self.longest_cache or min(self.max_seq_len, 1 << 16)
 
     def rope(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._rope is None or self._rope[0].device != device:
+        n = self.rope_length()
+        if self._rope is None or self._rope[0].device != device or self._rope[0].shape[0] < n:
             c = self.config
-            self._rope = rotary_tables(c.head_dim, c.max_position_embeddings, c.rope_theta, device=device,
-                                       freq_factors=c.freq_factors())
+            self.retired += [self._rope] if self._rope is not None else []  # a captured CUDA graph may read them
+            self._rope = rotary_tables(c.head_dim, n, c.rope_theta, device=device, freq_factors=c.freq_factors())
         return self._rope
 
     def forward(self, idx: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:

@@ -80,7 +80,7 @@ class PrefillStep:
         pos = self.cache.cache_seqlens
         torch.add(pos, self.ids.shape[1], out=self.seqlens_k)
         rows = pos.long() + self.offsets
-        return rows, rows.clamp(max=self.model.config.max_position_embeddings - 1)
+        return rows, rows.clamp(max=self.model.rope_length() - 1)  # the tables' rows (they follow the cache)
 
     def write(self, i: int, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
         kc, vc = self.cache.get_layer_cache(i)

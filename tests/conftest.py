@@ -12,6 +12,17 @@ import pytest
 from model.loading import load_model
 
 
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-examples", type=int, default=0,
+                     help="inputs per kind for tests/test_fuzz.py (default 30: a ~30 s run; 2000: 10,000 files, "
+                          "with -o timeout=0 so pytest-timeout does not cut a kind short)")
+
+
+def pytest_configure(config):
+    if n := config.getoption("--fuzz-examples"):
+        os.environ["NANOCHAT_FUZZ_EXAMPLES"] = str(n)  # read when tests/test_fuzz.py is collected
+
+
 @pytest.fixture
 def anyio_backend():
     """The Textual pilot tests (marked anyio) run on asyncio."""

@@ -2,6 +2,8 @@
 retry, reset, system, set, save, load, trim, edit), and at random moments inside turns and snapshot
 writes. After each kill the store must hold exactly what was reported (tests/crash_ledger.py),
 pass `integrity_check`, and the next start must leave no temp or orphan file in the snapshots.
+The fault trials (tests/crash_faults.py) run the app while its saves fail (a held lock, a full
+disk) or an open fails after the adopt step, and check that nothing saved is lost.
 
     python tests/crash_campaign.py --trials 110 [--seed 1]   # the full campaign, prints figures
     pytest tests/test_crash.py                               # the CI sample: one trial per kind
@@ -26,11 +28,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from tests.crash_faults import FAULT_KINDS, fault_trial  # noqa: E402
 from tests.crash_ledger import Disk, Ledger, leftovers, read_disk  # noqa: E402
 
 EVENT_KINDS = ["turn", "undo", "retry", "reset", "system", "set", "save", "load", "trim", "edit"]
 RANDOM_KINDS = ["mid-turn", "mid-snapshot"]
-KINDS = EVENT_KINDS + RANDOM_KINDS
+KINDS = EVENT_KINDS + RANDOM_KINDS + FAULT_KINDS  # the fault trials: tests/crash_faults.py
 # --context 256: a trim comes within a few turns. Temperature 1: /retry gives another reply.
 FLAGS = ["--headless", "--model", "random:tiny", "--context", "256", "--max-new-tokens", "48", "--temperature", "1"]
 # the event that ends each kind of input line (an error ends any)
@@ -85,10 +88,11 @@ def plan(kind: str, r: int, rng: random.Random, have_chats: bool) -> Trial:
 class App:
     """The headless app in a subprocess, read one JSON event line at a time."""
 
-    def __init__(self, root: Path, seed: int, resume: bool, stdin_text: str | None = None):
-        env = {**os.environ, "NANOCHAT_TUI_CHATS": str(root),
+    def __init__(self, root: Path, seed: int, resume: bool, stdin_text: str | None = None, faults: Path | None = None):
+        env = {**os.environ, "NANOCHAT_TUI_CHATS": str(root), "NANOCHAT_TUI_TEST_FAULTS": str(faults or ""),
                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        cmd = [sys.executable, "-m", "chatapp.cli", *FLAGS, "--seed", str(seed), *(["--resume"] if resume else [])]
+        entry = "tests.faults" if faults else "chatapp.cli"  # tests/faults.py: the app with failures wired in
+        cmd = [sys.executable, "-m", entry, *FLAGS, "--seed", str(seed), *(["--resume"] if resume else [])]
         self.stderr = tempfile.TemporaryFile()  # a file, not a pipe: a full pipe would block the app
         self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                   env=env, cwd=ROOT)
@@ -198,7 +202,10 @@ def campaign(root: Path, trials: int, seed: int = 1) -> Figures:
     disk = read_disk(root)
     for r in range(trials):
         kind = KINDS[r % len(KINDS)]
-        disk = one_trial(root, r, plan(kind, r, rng, bool(disk.chats)), disk, fig)
+        if kind in FAULT_KINDS:
+            disk = fault_trial(root, r, kind, rng, disk, fig)
+        else:
+            disk = one_trial(root, r, plan(kind, r, rng, bool(disk.chats)), disk, fig)
         fig.trials += 1
     app = App(root, seed=trials, resume=False)
     start_checks(root, app, disk, fig, f"trial {trials - 1}")

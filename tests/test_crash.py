@@ -1,5 +1,7 @@
 """Crash safety in CI: a sample of tests/crash_campaign.py, one `kill -9` of the real headless app
-after each kind of event and at a random moment inside a turn and a snapshot write. The full
+after each kind of event and at a random moment inside a turn and a snapshot write, and one trial
+of each injected failure (a held lock, a full disk, an open failing after the adopt step, an exit
+with a turn unsaved: tests/crash_faults.py). The full
 campaign, whose figures docs/persistence.md gives: `python tests/crash_campaign.py --trials 110`.
 CRASH_TRIALS / CRASH_SEED make this one longer: `CRASH_TRIALS=44 pytest tests/test_crash.py`.
 """

@@ -9,13 +9,16 @@ it goes through the normal send path, so the cache invariant and the store see o
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from chatapp.chat.events import Event, Info
 from model.errors import UserError
+from model.files import kind
 
 MAX_READ = 64 << 20  # never read more than this: no context holds a file that large
 BYTES_PER_TOKEN = 32  # no tokenizer packs more into a token: longer files are refused uncounted
@@ -131,10 +134,15 @@ def read_text(path: str) -> str:
 
 
 def read_bytes(path: str) -> bytes:
-    p = Path(path).expanduser()
     try:
-        if p.is_dir():
+        p = Path(path).expanduser()
+        st = os.stat(p)
+        if stat.S_ISDIR(st.st_mode):
             raise UserError(f"{path}: a directory, not a file")
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read forever, /dev/zero never end
+            raise UserError(f"{path}: {kind(st.st_mode)}, not a regular file; nothing was attached")
+        if st.st_size > MAX_READ:
+            raise UserError(f"{path}: too large for the context (over {size_text(MAX_READ)})")
         with open(p, "rb") as f:
             data = f.read(MAX_READ + 1)
     except OSError as e:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chatapp.store.tempfiles import sweep
+from chatapp.store.validate import DAMAGED_SQL, chat_row
 from model.errors import UserError
 
 SCHEMA_VERSION = 1
@@ -103,6 +104,7 @@ class ChatData:
     id: int | None = None
     created: float = 0.0
     updated: float = 0.0
+    damage: list[str] = field(default_factory=list)  # cells that could not be read as stored (validate.py)
 
 
 @dataclass
@@ -112,6 +114,7 @@ class ChatSummary:
     model: str
     updated: float
     messages: int
+    damaged: bool = False  # a cell SQL can tell is corrupt: the list marks it (validate.DAMAGED_SQL)
 
 
 def describe(e: BaseException) -> str:
@@ -136,6 +139,8 @@ class ChatStore:
         self.lock = threading.Lock()  # the TUI saves from a worker thread and renames from the UI one
         try:
             self.root.mkdir(parents=True, exist_ok=True)
+            if self.path.exists() and not self.path.is_file():  # a link to /dev/null: SQLite would write beside it
+                raise StoreError(f"cannot open the chats database {self.path}: not a regular file")
             if read_only is None:
                 read_only = self.path.exists() and not writable(self.path)
             self.read_only = read_only
@@ -290,18 +295,16 @@ class ChatStore:
                 return None
             msgs = db.execute("SELECT role, content, token_ids, tool_calls FROM messages WHERE chat_id = ?"
                               " ORDER BY seq", (chat_id,)).fetchall()
-        (cid, title, model, mfp, tfp, settings, system, prefix, cache_pos, created, updated) = row
-        return ChatData(title, model, mfp, tfp, json.loads(settings), system, json.loads(prefix), cache_pos,
-                        [StoredMessage(r, c, json.loads(t), json.loads(tc)) for r, c, t, tc in msgs],
-                        cid, created, updated)
+        return chat_row(row, msgs, ChatData, StoredMessage)  # every cell checked: a corrupt one is noted, never raised
 
     def list(self, limit: int = 500) -> list[ChatSummary]:
         """Most recently updated first."""
         with self._guard("list the chats") as db:
-            rows = db.execute("SELECT c.id, c.title, c.model, c.updated, COUNT(m.seq) FROM chats c"
+            rows = db.execute(f"SELECT c.id, c.title, c.model, c.updated, COUNT(m.seq), {DAMAGED_SQL} FROM chats c"
                               " LEFT JOIN messages m ON m.chat_id = c.id GROUP BY c.id"
                               " ORDER BY c.updated DESC, c.id DESC LIMIT ?", (limit,)).fetchall()
-        return [ChatSummary(*r) for r in rows]
+        return [ChatSummary(i, str(t), str(m), u if isinstance(u, float | int) else 0.0, n, bool(d))
+                for i, t, m, u, n, d in rows]
 
     def latest_id(self, exclude: int | None = None) -> int | None:
         with self._guard("read the chats") as db:

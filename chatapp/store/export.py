@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,15 +59,32 @@ def export(t: ExportedChat, dest: str = "") -> Path:
         path = Path(dest).expanduser() if dest else Path.cwd()
         if path.is_dir():
             path = path / default_name(t)
+        if path.exists() and not path.is_file():  # /dev/full, a FIFO: never written, never read
+            raise StoreError(f"/export: {path} is not a regular file; nothing was written (give a file name)")
         if path.exists() and not is_export(path):
             raise StoreError(f"/export: {path} exists and is not an earlier export; nothing was written "
                              "(give another name)")
-        path.write_text(to_markdown(t), encoding="utf-8")
+        write_whole(path, to_markdown(t).encode("utf-8"))
     except OSError as e:
-        raise StoreError(f"/export: cannot write {dest or 'here'}: {e.strerror or e}") from None
+        raise StoreError(f"/export: cannot write {dest or 'here'}: {e.strerror or e}; nothing was kept") from None
     except (ValueError, RuntimeError) as e:  # a NUL byte in the path; ~user with no such user
         raise StoreError(f"/export: not a usable path {dest!r}: {e}") from None
     return path
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """The whole file or none of it: a full disk (ENOSPC) leaves no half-written export behind,
+    and an earlier export it was to replace stays as it was."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def is_export(path: Path) -> bool:

@@ -23,13 +23,14 @@ from chatapp.chat.commands import parse_chat_id, parse_command, run_handler
 from chatapp.chat.edit import check_edit, rewind_and_send
 from chatapp.chat.events import CacheState, Error, Event, Info, Restored, Saved, Trimmed, TurnStats
 from chatapp.chat.session import Session
+from chatapp.store import rollback
 from chatapp.store.branch import keep_branch
 from chatapp.store.database import ChatChanged, ChatData, ChatStore, StoreError, describe
 from chatapp.store.export import ExportedChat, export
 from chatapp.store.identity import Fingerprint, ModelIdentity, tokenizer_fingerprint
 from chatapp.store.reopen import restore, stored_messages
 from chatapp.store.snapshots import SnapshotWriter, snapshot_bytes
-from chatapp.store.switch import Loader, switch
+from chatapp.store.switch import Loader, one_line, switch
 from model.errors import UserError
 
 SNAPSHOT_BUDGET = 4 << 30  # snapshots of older chats are pruned past this; those chats re-prefill
@@ -172,8 +173,9 @@ class ChatKeeper:
             self.saved_sig = self.signature()
             self.last_error = ""
             self.ephemeral = not force and (new or self.ephemeral)
-        except StoreError as e:
-            yield from self.report(f"chat not saved: {e}; it stays open and the next save will catch up")
+        except StoreError as e:  # said every time: each failure is a turn not on disk yet
+            self.last_error = f"chat not saved: {e}"
+            yield Error(f"{self.last_error}; it stays open and the next save will catch up")
 
     def read_only_notice(self) -> Info:
         assert self.store is not None
@@ -309,15 +311,27 @@ class ChatKeeper:
             raise StoreError(f"no stored chat {chat_id}")
         ident = self.identity()
         folder = self.store.snapshot_dir(chat_id)
-        self.restored = restore(self.session, chat, ident, folder)
+        checkpoint = rollback.take(self)
+        try:
+            self.restored = restore(self.session, chat, ident, folder)
+        except BaseException as e:  # after the adopt step: put this chat back before saying anything
+            rollback.put_back(self, checkpoint)
+            if not isinstance(e, Exception):
+                raise  # Ctrl+C: the chat is back as it was, and the interrupt goes on
+            if isinstance(e, StoreError):
+                raise
+            here = f"still in chat #{self.chat_id}" if self.chat_id is not None else "this chat is unchanged"
+            raise StoreError(f"chat {chat_id} could not be opened ({one_line(e)}); {here}") from None
         self.detach()
         self.chat_id, self.title, self.created = chat_id, chat.title, chat.created
-        self.expect = [(m.role, m.content) for m in chat.messages]
+        # a damaged row's text may not read back as stored (bytes): nothing to compare a save with
+        self.expect = None if chat.damage else [(m.role, m.content) for m in chat.messages]
         # past what the snapshot gave back, segments on disk are not trusted (one may be corrupt)
         self.clean_upto = self.restored.restored_tokens
         self.last_error = ""
-        if self.store.read_only:
-            self.saved_sig = self.signature()  # as stored: nothing to say until it changes
+        if self.store.read_only or chat.damage:
+            # as stored: nothing to say until it changes (a damaged row is rewritten only by the user's next change)
+            self.saved_sig = self.signature()
         return self.restored, [e for e in self.autosave() if isinstance(e, Error)]
 
     def follow_rename(self) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from chatapp.pull.fetch import default_model_dir, is_installed, manifest
 from chatapp.store.tempfiles import write_atomic
+from model.errors import UserError
+from model.files import read_bytes
 from model.loading.gguf import cache_root
 
 DEFAULT = "default"          # `/model default`: the default model, pulled first if need be
@@ -34,9 +36,9 @@ def canonical(spec: str) -> str:
 
 def recent(root: Path) -> list[str]:
     """Specs used lately, the last first; a missing or damaged file is an empty list."""
-    try:
-        specs = json.loads((root / RECENT_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # a regular file of a few KB at most: a FIFO or a link to /dev/zero is no list
+        specs = json.loads(read_bytes(root / RECENT_FILE, "recent models list", 1 << 20).decode("utf-8"))
+    except (OSError, ValueError, RecursionError, UserError):  # RecursionError: nested past Python's limit
         return []
     return [s for s in specs if isinstance(s, str)][:RECENT_MAX] if isinstance(specs, list) else []
 

@@ -35,9 +35,28 @@ def stored_messages(s: Session) -> list[StoredMessage]:
 
 
 def pairs(messages: list[StoredMessage]) -> list[tuple[StoredMessage, StoredMessage]]:
-    users = messages[0::2]
-    replies = messages[1::2]
-    return [(u, a) for u, a in zip(users, replies, strict=False) if u.role == "user" and a.role == "assistant"]
+    """(user, reply) pairs. A message whose other half is missing (a reply row lost, two user
+    rows in a row) is kept, paired with an empty one: orphan rows are shown, never dropped."""
+    out, i = [], 0
+    while i < len(messages):
+        m, after = messages[i], messages[i + 1] if i + 1 < len(messages) else None
+        if m.role == "user" and after is not None and after.role == "assistant":
+            out.append((m, after))
+            i += 2
+            continue
+        out.append((m, StoredMessage("assistant", "", [])) if m.role == "user" else (StoredMessage("user", "", []), m))
+        i += 1
+    return out
+
+
+def orphans(messages: list[StoredMessage]) -> int:
+    """How many messages `pairs` had to give an empty other half."""
+    return 2 * len(pairs(messages)) - len(messages)
+
+
+def ids_fit(tokens: list[int], vocab_size: int) -> bool:
+    """Stored ids a tokenizer can take: a row holding 10**9 must not reach the embedding."""
+    return all(type(t) is int and 0 <= t < vocab_size for t in tokens)
 
 
 def archived(chat: ChatData) -> list[Exchange]:
@@ -88,7 +107,16 @@ def fits_template(session: Session, chat: ChatData, tokens: list[int], exchanges
 
 def conversation(session: Session, chat: ChatData) -> tuple[list[int], list[Exchange], str]:
     """The token list and exchanges to adopt, and a note when the stored ids could not be used."""
-    same = chat.tokenizer_fingerprint == tokenizer_fingerprint(session.tok)
+    same = chat.tokenizer_fingerprint == tokenizer_fingerprint(session.tok) and not chat.damage
+    fit = ids_fit(stored_conversation(chat)[0], session.tok.vocab_size) if same else True
+    same = same and fit  # a stored id of 10**9 must never reach the embedding
+    if chat.damage:  # validate.py: its ids are not to be trusted; the text is what is left
+        more = f" and {len(chat.damage) - 1} more" if len(chat.damage) > 1 else ""
+        note = f"damaged row ({chat.damage[0]}{more}); re-tokenized from its text, saved again at the next change"
+    elif not fit:
+        note = f"stored token ids are past this tokenizer's {session.tok.vocab_size}; re-tokenized from its text"
+    else:
+        note = ""
     if whole.is_whole(session):   # a template rendered whole: render it again, the stored reply ids kept
         msgs = in_context(chat)
         exchanges = [Exchange(u.content, -1, -1, -1, a.content, [ToolCall(**c) for c in a.tool_calls])
@@ -97,13 +125,14 @@ def conversation(session: Session, chat: ChatData) -> tuple[list[int], list[Exch
         tokens = whole.rendered(session.template, chat.system, pairs_, exchanges)
         stored = stored_conversation(chat)[0]   # without the last reply's closing: no span holds it
         kept = same and tokens[:len(stored)] == stored
-        return tokens, exchanges, "" if kept else "stored tokens do not follow this model's chat template; re-rendered"
+        return tokens, exchanges, "" if kept else (note or "stored tokens do not follow this model's chat template; "
+                                                   "re-rendered")
     if same:
         tokens, exchanges = stored_conversation(chat)
         if fits_template(session, chat, tokens, exchanges):
             return tokens, exchanges, ""
         note = "stored tokens do not follow this model's chat template; re-tokenized"
-    else:
+    elif not note:
         note = f"made with {chat.model}, another tokenizer; re-tokenized from its text"
     tokens, exchanges = rendered_conversation(session, chat)
     return tokens, exchanges, note
@@ -131,7 +160,9 @@ def restore(session: Session, chat: ChatData, identity: ModelIdentity, folder: P
         n, why = from_snapshot(session, tokens, identity, folder, target)
     if n < target:
         session.gen.prefill(tokens[n:target])
-    return Restored(chat.id, chat.title, n, target - n, len(tokens) - target, len(chat.messages),
+    if lone := orphans(chat.messages):
+        why = "; ".join(filter(None, [why, f"{lone} message(s) without their other half, kept beside an empty one"]))
+    return Restored(chat.id, chat.title, n, target - n, len(tokens) - target, 2 * len(pairs(chat.messages)),
                     session.cache.pos, session.cache.capacity, why)
 
 

@@ -92,7 +92,7 @@ def scan(folder: Path) -> tuple[list[Segment], list[Path]]:
         if is_temp(p.name):
             remove_orphan_tmp(p)
         elif p.name.endswith(SUFFIX):
-            seg = read_header(p)
+            seg = read_header(p) if p.is_file() else None  # a FIFO would block safe_open forever
             (good if seg else bad).append(seg or p)
     return good, bad
 
@@ -133,6 +133,9 @@ def load_chain(cache: KVCache, chain: list[Segment]) -> tuple[int, str]:
         try:
             with safe_open(str(seg.path), framework="pt") as f:
                 want = (f.metadata() or {}).get("checksum")
+                if problem := unexpected(f, cache, seg):  # from the header, before any tensor is read
+                    why = f"snapshot file {seg.path.name}: {problem}"
+                    break
                 tensors = {name: f.get_tensor(name) for name in f.keys()}
         except Exception:
             why = f"snapshot file {seg.path.name} is unreadable (truncated?)"
@@ -146,6 +149,31 @@ def load_chain(cache: KVCache, chain: list[Segment]) -> tuple[int, str]:
         n = seg.end
     cache.advance(n)
     return n, why
+
+
+def expected_shapes(cache: KVCache, seg: Segment) -> dict[str, tuple[int, ...]]:
+    """Exactly the tensors a segment of [start, end) holds for this cache: K, V and each state."""
+    n = seg.end - seg.start
+    kv = (*cache.shape[:2], n, *cache.shape[3:])
+    out = {"k": kv, "v": kv}
+    for name, buf in cache.state.items():
+        out[f"state.{name}"] = (buf.shape[0], n, *buf.shape[2:])
+    return out
+
+
+def unexpected(f, cache: KVCache, seg: Segment) -> str:
+    """Why the open segment `f` is not what this cache's segment holds ("" when it is): an extra
+    3 GB tensor with a valid checksum must be refused unread, not loaded whole (issue 27)."""
+    want = expected_shapes(cache, seg)
+    if seg.end > cache.capacity or seg.start < 0 or seg.end <= seg.start:
+        return f"positions [{seg.start}, {seg.end}) do not fit the cache of {cache.capacity}"
+    if set(f.keys()) != set(want):
+        return f"holds tensors {sorted(f.keys())[:6]}, expected {sorted(want)}"
+    for name, shape in want.items():
+        got = tuple(f.get_slice(name).get_shape())
+        if got != shape:
+            return f"{name} has shape {got}, expected {shape}"
+    return ""
 
 
 def copy_in(cache: KVCache, seg: Segment, tensors: dict[str, torch.Tensor]) -> str:

@@ -84,7 +84,7 @@ class ChatsScreen(Screen[ChatAction | None]):
             chats = []
         self.table.clear()
         for c in chats:
-            mark = " (open)" if c.id == self.current else ""
+            mark = (" (open)" if c.id == self.current else "") + (" (damaged)" if c.damaged else "")
             # Text, not str: a DataTable parses str cells as markup, and a title like "[/INST]" would crash it.
             self.table.add_row(str(c.id), Text(visible(c.title) + mark), Text(visible(c.model)), str(c.messages),
                                when(c.updated), key=str(c.id))

@@ -4,7 +4,8 @@ The environment copies transformers' (utils/chat_template_utils.py): an immutabl
 (templates come from model files: untrusted code), trim_blocks and lstrip_blocks, the
 loopcontrols extension, a `tojson` that does not escape HTML, `raise_exception`,
 `strftime_now`, and the special tokens' strings as variables. tests/test_chat_formats.py
-checks it renders every stored vendor template as transformers does.
+checks it renders every stored vendor template as transformers does. Unlike transformers' it is
+bounded: output size, steps, time and nesting (chat_formats/bounded.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ from functools import lru_cache
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from model.chat_formats.bounded import BoundedSandbox, Limits, TemplateBudgetError, bounded_filter, render_bounded
+
+LIMITS = Limits()
+MAX_SOURCE = 1 << 20  # characters of template source (the largest vendor template we know: ~20 KB)
 
 
 def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
@@ -28,16 +33,23 @@ def raise_exception(message: str):
 
 @lru_cache(maxsize=8)
 def compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
+    """TemplateError (one line) for a template that cannot compile, a nesting too deep included."""
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = bounded_filter("tojson", tojson)
     env.globals["raise_exception"] = raise_exception
-    return env.from_string(source)
+    if len(source) > MAX_SOURCE:
+        raise TemplateBudgetError(f"the chat template is {len(source):,} characters (at most {MAX_SOURCE:,})")
+    try:
+        return env.from_string(source)
+    except (RecursionError, SyntaxError, MemoryError, OverflowError) as e:  # 1,000 nested ifs
+        raise TemplateBudgetError(f"the chat template is nested too deeply to compile ({type(e).__name__})") from None
 
 
 def render(source: str, messages: list[dict], strftime: Callable[[str], str], add_generation_prompt: bool = True,
-           **special: str | None) -> str:
+           limits: Limits = LIMITS, **special: str | None) -> str:
     """The template over `messages` with the generation prompt added (by default), as the model
-    sees it before it answers. `special` holds bos_token, eos_token, ... (their strings)."""
-    return compile_template(source).render(messages=messages, tools=None, documents=None,
-                                           add_generation_prompt=add_generation_prompt, strftime_now=strftime,
-                                           **special)
+    sees it before it answers. `special` holds bos_token, eos_token, ... (their strings). Bounded
+    (chat_formats/bounded.py): past `limits`, TemplateBudgetError, a jinja2.TemplateError."""
+    size = sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
+    return render_bounded(compile_template(source), limits, size, messages=messages, tools=None, documents=None,
+                          add_generation_prompt=add_generation_prompt, strftime_now=strftime, **special)

@@ -15,6 +15,7 @@ import dataclasses
 
 import jinja2
 
+from model.chat_formats.bounded import TemplateBudgetError
 from model.chat_formats.jinja_env import render
 from model.chat_formats.whole import PLAIN_CHAT, TemplateFormat
 from model.errors import UserError
@@ -67,7 +68,9 @@ class Probe:
         if key not in self.seen:
             try:
                 self.seen[key] = render(self.source, messages(system, replies), marker, **self.special)
-            except jinja2.TemplateError as e:
+            except TemplateBudgetError as e:
+                raise ValueError(f"chat template refused: {e}") from None
+            except (jinja2.TemplateError, RecursionError, OverflowError, MemoryError, TypeError, ValueError) as e:
                 raise ValueError(f"chat template not supported: it fails on a plain chat ({type(e).__name__}: "
                                  f"{str(e).splitlines()[0][:120] if str(e) else ''}) {SUPPORTED}") from None
         return self.seen[key]

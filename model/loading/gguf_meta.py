@@ -12,7 +12,9 @@ import numpy as np
 import model.loading.gguf_gemma as gguf_gemma
 from model.bpe import make_tokenizer, tokenizer_json, vocab_from_gguf
 from model.errors import ModelLoadError
+from model.limits import check_config
 from model.llama import LlamaConfig
+from model.loading.gguf_check import check_gguf
 from model.loading.gguf_vocab import chat_template, end_tokens, spm_tokenizer_files
 
 # GGUF general.architecture -> the Hugging Face architecture it converts to. Their metadata
@@ -44,12 +46,12 @@ def open_gguf(path: Path) -> GGUFFile:
     # Lazy: the gguf package costs ~30 ms to import (more on a cold disk), and only a .gguf needs it.
     from model.loading.gguf_fast import FastReader
 
-    if not path.is_file():
-        raise ModelLoadError(f"{path}: no such file")
+    check_gguf(path)  # every count and tensor range checked before the reader trusts them
     try:
         reader = FastReader(path)
         meta = {**{k: f.contents() for k, f in reader.fields.items() if k.startswith("GGUF.")}, **reader.values}
-    except (ValueError, IndexError, KeyError, OSError, UnicodeDecodeError, OverflowError, struct.error) as e:
+    except (ValueError, IndexError, KeyError, OSError, UnicodeDecodeError, OverflowError, struct.error,
+            RecursionError) as e:
         raise ModelLoadError(f"{path}: not a readable GGUF file, truncated or corrupt ({e})") from None
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
@@ -105,6 +107,7 @@ def hf_config(g: GGUFFile, name: str) -> dict:
         "max_position_embeddings": g.get(f"{a}.context_length", 2048),
         "torch_dtype": "float32", "nanochat_tui_name": name,
     }
+    check_config(config, str(g.path))  # 2**31 layers: refused before anything loops over them
     try:
         LlamaConfig.from_dict(config)  # fail on the .gguf's name, not on the converted copy's
     except ValueError as e:

@@ -16,16 +16,18 @@ from kvcache import Attention
 from model.bpe import tokenizer_from_json
 from model.errors import ModelLoadError
 from model.families import FAMILIES, Family, for_architectures
+from model.files import read_bytes
+from model.limits import check_config
 from model.llama import Llama, LlamaConfig
 from model.loading.options import LoadedModel, LoadOptions
 from model.loading.quantized import dequantized, install, take_packed
 
 
 def read_json(path: Path) -> dict:
+    if not path.exists():
+        raise ModelLoadError(f"{path}: missing")
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelLoadError(f"{path}: missing") from None
+        obj = json.loads(read_bytes(path, "config").decode("utf-8"))  # a regular file, size-capped
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as e:
         raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(obj, dict):
@@ -91,6 +93,7 @@ def load_hf_dir(path: Path, opts: LoadOptions) -> LoadedModel:
     config = read_json(path / "config.json")
     archs = config.get("architectures") or ["LlamaForCausalLM"]
     archs = {archs} if isinstance(archs, str) else set(map(str, archs)) if isinstance(archs, list) else {str(archs)}
+    check_config(config, str(path / "config.json"))  # sizes sane before anything is allocated
     family = for_architectures(archs)
     if family is None:
         raise ModelLoadError(f"{path}: unsupported architecture {sorted(archs)[0]} (supported: "

@@ -17,6 +17,7 @@ import torch
 
 from kvcache import Attention
 from model.errors import ModelLoadError
+from model.files import read_bytes
 from model.loading.nanochat_detect import config_from_checkpoint
 from model.loading.options import LoadedModel, LoadOptions
 from model.nanochat import Nanochat
@@ -74,12 +75,14 @@ def pick_step(ckpt: Path, step: int | None) -> int:
 
 
 def read_json(path: Path, what: str) -> dict:
+    if not path.exists():
+        raise ModelLoadError(f"{path}: missing ({what})")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelLoadError(f"{path}: missing ({what})") from None
+        data = json.loads(read_bytes(path, what).decode("utf-8"))  # a regular file, size-capped
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+    except (RecursionError, ValueError):  # nested past Python's limit; a number of 4,300+ digits
+        raise ModelLoadError(f"{path}: JSON too deeply nested or with too large a number ({what})") from None
     if not isinstance(data, dict):
         raise ModelLoadError(f"{path}: expected a JSON object ({what})")
     return data

@@ -56,20 +56,30 @@ def sources() -> list[Path]:
     return sorted([*SOURCE.parent.glob("*.c"), *SOURCE.parent.glob("*.h")])
 
 
-def _target(flags: list[str], cc: str) -> Path:
-    """Beside the source when the install is writable (one build for every chat home), else in
-    the cache directory."""
+def _places(flags: list[str], cc: str) -> list[Path]:
+    """Where the library for these flags may be: beside the source (built at install, one build
+    for every chat home), then the cache directory. Both are looked in whether or not they are
+    writable: a read-only home still finds the build made at install (issue 27)."""
     key = hashlib.sha256(b"".join(f.read_bytes() for f in sources()) + " ".join([cc, *flags, sys.platform]).encode())
-    key = key.hexdigest()[:16]
-    here = SOURCE.parent / "build"
-    if os.access(here if here.exists() else SOURCE.parent, os.W_OK):
-        return here / f"qdecode-{key}.so"
-    return cache_root() / "native" / f"qdecode-{key}.so"
+    name = f"qdecode-{key.hexdigest()[:16]}.so"
+    return [SOURCE.parent / "build" / name, cache_root() / "native" / name]
+
+
+def writable(folder: Path) -> bool:
+    """The folder exists and can be written, or could be made under a writable parent."""
+    while not folder.exists():
+        if folder.parent == folder:
+            return False
+        folder = folder.parent
+    return os.access(folder, os.W_OK)
 
 
 def _compile(cc: str, flags: list[str], out: Path) -> bool:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.{os.getpid()}-", dir=out.parent)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.{os.getpid()}-", dir=out.parent)
+    except OSError:  # a home that turned out read-only: the fp32 path, with its note
+        return False
     os.close(fd)
     cmd = [cc, *flags, "-shared", "-fPIC", "-o", tmp, str(SOURCE), "-lm"]
     try:
@@ -113,12 +123,13 @@ def build(flags: list[str], cc: str | None = None) -> ctypes.CDLL | None:
     None when that fails."""
     if (cc := cc or compiler()) is None:
         return None
-    out = _target(flags, cc)
-    if out.exists() or _compile(cc, flags, out):
-        try:
-            return _bind(ctypes.CDLL(str(out)))
-        except OSError:
-            out.unlink(missing_ok=True)
+    places = _places(flags, cc)
+    for out in places:  # a build that exists, wherever it is readable
+        if out.is_file() and (lib := load(out)) is not None:
+            return lib
+    for out in places:  # else the first place this user may write
+        if writable(out.parent):
+            return load(out) if _compile(cc, flags, out) else None
     return None
 
 
@@ -133,11 +144,26 @@ def portable_note() -> str | None:
     return f"nanochat-tui: note: CPU kernels built without SIMD ({why}); decode runs the portable C path (slower)"
 
 
+def load(out: Path) -> ctypes.CDLL | None:
+    try:
+        return _bind(ctypes.CDLL(str(out)))
+    except OSError:  # not a library we can load (a half-written one by an older version)
+        try:
+            out.unlink(missing_ok=True)
+        except OSError:
+            pass  # not ours to remove (a read-only install)
+        return None
+
+
 def why_not() -> str:
     """One line for the user when library() is None."""
     if os.environ.get("NANOCHAT_NATIVE", "1") == "0":
         return "NANOCHAT_NATIVE=0"
-    return "no C compiler found (install gcc or clang)" if compiler() is None else "the C compiler failed on qdecode.c"
+    if compiler() is None:
+        return "no C compiler found (install gcc or clang)"
+    if not any(writable(p.parent) for p in _places(ATTEMPTS[-1], compiler())):
+        return f"no build of them is readable here and neither {SOURCE.parent / 'build'} nor {cache_root()} is writable"
+    return "the C compiler failed on qdecode.c"
 
 
 if __name__ == "__main__":   # `python -m model.kernels.cpu.native`: build now (install.sh does)
