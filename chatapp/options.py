@@ -38,6 +38,14 @@ def chat_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, help=f"0 is off (default: {d['top_k']})")
     p.add_argument("--top-p", type=float, help=f"nucleus sampling (default: {d['top_p']})")
     p.add_argument("--seed", type=int)
+    p.add_argument("--min-p", type=float, help="drop tokens below this share of the best one's probability "
+                   f"(default: {d['min_p']}, off)")
+    p.add_argument("--repetition-penalty", type=float, help="divide a repeated token's logit by this; "
+                   f"1 is off (default: {d['repetition_penalty']})")
+    p.add_argument("--presence-penalty", type=float, help=f"-2 to 2 (default: {d['presence_penalty']})")
+    p.add_argument("--frequency-penalty", type=float, help=f"-2 to 2 (default: {d['frequency_penalty']})")
+    p.add_argument("--repeat-last-n", type=int, help="how many of the reply's last tokens the penalties "
+                   f"count (default: {d['repeat_last_n']})")
     p.add_argument("--system", help="system prompt (default: the model's own)")
     p.add_argument("--context", type=int, help="KV cache capacity in tokens (default: the model's context)")
     p.add_argument("--low-water", type=float, help="when the context fills, drop old exchanges down to this share "

@@ -213,7 +213,7 @@ class Session:
         for the first token: its re-prefill counts in the turn's TTFT and prefill tokens."""
         ex = self.exchanges[-1]
         s = self.settings
-        self.gen.configure(SamplingConfig(s.temperature, s.top_k, s.top_p, s.seed))
+        self.gen.configure(SamplingConfig(**s.sampler_values()))
         if self.cache.pos == len(self.tokens):  # nothing pending (a retry): re-feed one token for logits
             self.cache.rewind(self.cache.pos - 1)
         cached_before = self.cache.pos
