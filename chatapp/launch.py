@@ -14,7 +14,6 @@ import dataclasses
 import sys
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 import torch
 
@@ -22,7 +21,7 @@ from chatapp.chat.commands import is_text
 from chatapp.chat.session import Session
 from chatapp.chat.settings import DEFAULTS, Settings, parse_settings, settings_text
 from chatapp.options import given_sampling
-from chatapp.pull.fetch import MODELS, ensure_default_model, ensure_model
+from chatapp.pull.resolve import resolve
 from chatapp.store.database import ChatStore, StoreError
 from chatapp.store.keeper import ChatKeeper
 from chatapp.store.models import remember
@@ -41,13 +40,16 @@ def to_stderr(msg: object) -> None:
 def open_chat(args: argparse.Namespace, progress=None, warn: Warn | None = None) -> ChatKeeper:
     """The one chat object the faces talk to, ready for the first message."""
     keeper = open_keeper(open_session(args, progress, warn), args, warn)
-    # /model loads on the same device, dtype and attention; --step, --tokenizer and --model-tag
-    # name the first model's checkpoint files, not the next one's
-    keeper.loader = partial(load_model, opts=dataclasses.replace(load_options(args), step=None, tokenizer=None,
-                                                                 model_tag=None))
+    keeper.loader = loader_for(args)
     if args.model and keeper.store is not None and not keeper.store.read_only:
         remember(keeper.store.root, args.model)  # the /model picker lists it
     return keeper
+
+
+def loader_for(args: argparse.Namespace):
+    """/model and a chat's own model load on the same device, dtype and attention; --step,
+    --tokenizer and --model-tag name the first model's checkpoint files, not the next one's."""
+    return partial(load_model, opts=dataclasses.replace(load_options(args), step=None, tokenizer=None, model_tag=None))
 
 
 def load_options(args: argparse.Namespace) -> LoadOptions:
@@ -87,11 +89,10 @@ def check_device(device: str, attn: str) -> None:
 
 
 def resolve_model_spec(spec: str | None, progress=None) -> str:
+    """What the loader takes for `--model` (chatapp/pull/resolve.py: the one resolver)."""
     if spec is not None and not spec.strip():
         raise UserError("--model is empty; leave it out for the default model")
-    if spec in MODELS and not Path(spec).expanduser().exists():   # a pullable model's name (a path wins)
-        return str(ensure_model(spec, progress=progress))
-    return spec or str(ensure_default_model(progress=progress))
+    return resolve(spec, progress=progress).path
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -109,7 +110,11 @@ def open_session(args: argparse.Namespace, progress=None, warn: Warn | None = No
     settings = settings_from(args)
     if note := native_note(args):
         (warn or to_stderr)(note)
-    lm = load_model(resolve_model_spec(args.model, progress), load_options(args))
+    if args.model is not None and not args.model.strip():
+        raise UserError("--model is empty; leave it out for the default model")
+    named = resolve(args.model, progress=progress)
+    settings.model = named.spec
+    lm = load_model(named.path, load_options(args))
     if args.context is not None and args.context > lm.context_length:
         (warn or to_stderr)(f"nanochat-tui: --context {args.context} is more than {lm.name} takes; "
                             f"using its {lm.context_length}")
@@ -137,6 +142,7 @@ def open_keeper(session: Session, args: argparse.Namespace, warn: Warn | None = 
         warn(f"nanochat-tui: warning: chats will not be saved: {e}")
         return ChatKeeper(session, None, why_no_store=str(e))
     keeper = ChatKeeper(session, store)
+    keeper.loader = loader_for(args)  # --resume may load the chat's own model
     chat_id = chat if chat is not None else (store.latest_id() if resume else None)
     if resume and chat_id is None:
         warn("nanochat-tui: no stored chat to resume; starting a new one")

@@ -24,12 +24,13 @@ from chatapp.chat.edit import check_edit, rewind_and_send
 from chatapp.chat.events import CacheState, Error, Event, Info, Restored, Saved, Trimmed, TurnStats
 from chatapp.chat.session import Session
 from chatapp.store.branch import keep_branch
+from chatapp.store.chat_model import drop, session_for
 from chatapp.store.database import ChatChanged, ChatData, ChatStore, StoreError, describe
 from chatapp.store.export import ExportedChat, export
 from chatapp.store.identity import Fingerprint, ModelIdentity, tokenizer_fingerprint
 from chatapp.store.reopen import restore, stored_messages
 from chatapp.store.snapshots import SnapshotWriter, snapshot_bytes
-from chatapp.store.switch import Loader, switch
+from chatapp.store.switch import Loader, adopt, lm_device, release_memory, switch
 from model.errors import UserError
 
 SNAPSHOT_BUDGET = 4 << 30  # snapshots of older chats are pruned past this; those chats re-prefill
@@ -307,9 +308,24 @@ class ChatKeeper:
         chat = self.store.get(chat_id)
         if chat is None:
             raise StoreError(f"no stored chat {chat_id}")
-        ident = self.identity()
         folder = self.store.snapshot_dir(chat_id)
-        self.restored = restore(self.session, chat, ident, folder)
+        new, note = session_for(self, chat)  # the chat's own model (chatapp/store/chat_model.py)
+        if new is None:
+            self.restored = restore(self.session, chat, self.identity(), folder)
+        else:
+            try:
+                restored = restore(new, chat, Fingerprint(new.lm).get(), folder)
+            except StoreError:
+                drop(new)
+                raise
+            old_device = lm_device(self.session.lm)
+            adopt(self, new)
+            del new
+            release_memory(old_device)
+            self.restored = restored
+        if note:
+            detail = "; ".join(filter(None, (note, self.restored.detail)))
+            self.restored = dataclasses.replace(self.restored, detail=detail)
         self.detach()
         self.chat_id, self.title, self.created = chat_id, chat.title, chat.created
         self.expect = [(m.role, m.content) for m in chat.messages]

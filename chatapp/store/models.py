@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chatapp.pull.fetch import default_model_dir, is_installed, manifest
+from chatapp.pull.resolve import pullable, pulled_name
 from chatapp.store.tempfiles import write_atomic
 from model.loading.gguf import cache_root
 
@@ -29,7 +30,10 @@ def canonical(spec: str) -> str:
     """A spec that means the same from any directory: paths absolute, the rest as typed."""
     if spec == DEFAULT or spec.startswith(("random:", "nanochat:")):
         return spec
-    return str(Path(spec).expanduser().resolve())
+    path = Path(spec).expanduser()
+    if not path.exists() and (name := pullable(spec)):  # a pulled model by its name: as resolve records it
+        return name
+    return pulled_name(path.resolve()) or str(path.resolve())
 
 
 def recent(root: Path) -> list[str]:
@@ -66,7 +70,7 @@ def cached_models() -> list[ModelChoice]:
     found = []
     for kind, folder in (("pulled", root / "models"), ("converted from GGUF", root / "gguf")):
         dirs = sorted(folder.iterdir()) if folder.is_dir() else []
-        found += [ModelChoice(str(d), d.name, kind) for d in dirs
+        found += [ModelChoice(pulled_name(d) or str(d), d.name, kind) for d in dirs
                   if d != default and not d.name.startswith(".") and (d / "config.json").is_file()]
     return found
 

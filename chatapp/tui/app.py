@@ -249,7 +249,8 @@ class ChatApp(ModelSwitching, Editing):
                 self.action_quit()
             case Copied():
                 copy_text(self, ev.text, f"reply {ev.reply} of {ev.of}")
-            case Restored():  # a stored chat is now the session's
+            case Restored():  # a stored chat is now the session's (on its own model, maybe)
+                self.show_markers()
                 await self.show_history()
                 self.panel.clear_turns()
                 await t.notice(f"Opened chat #{ev.chat} {ev.title}: {ev.line}.", "dim")
