@@ -6,6 +6,7 @@ the right widgets), but it holds no conversation logic: the app tells it what ha
 
 from __future__ import annotations
 
+from markdown_it import MarkdownIt
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
@@ -14,6 +15,25 @@ from textual.widgets.markdown import MarkdownStream
 
 from chatapp.chat.events import ToolCall
 from chatapp.tui.visible import visible
+
+
+def hard_breaks(state) -> None:
+    """A markdown-it core rule: every soft break in inline text becomes a hard one."""
+    for token in state.tokens:
+        for child in token.children or ():
+            if child.type == "softbreak":
+                child.type, child.tag = "hardbreak", "br"
+
+
+def chat_markdown() -> MarkdownIt:
+    """Textual's parser, with single newlines kept as line breaks, as chat apps show a reply (a
+    model writes `Red\nBlue\nYellow` as three lines, not one paragraph). markdown-it's own
+    `breaks` option only changes its HTML renderer; Textual reads the tokens, so the rule
+    rewrites them. Code blocks, lists and tables parse as before."""
+    md = MarkdownIt("gfm-like")
+    md.core.ruler.push("hard_breaks", hard_breaks)
+    return md
+
 
 STOP_NOTES = {"cancel": "stopped (Esc)", "length": "cut at max_new_tokens"}
 
@@ -179,7 +199,7 @@ class Reply(Vertical):
 
     async def _open_segment(self) -> ReplyPiece:
         if self.open is None:
-            widget = Markdown()
+            widget = Markdown(parser_factory=chat_markdown)
             await self.mount(widget)
             self.open = ReplyPiece(widget)
             self.segments.append(self.open)
