@@ -22,6 +22,7 @@ from chatapp.chat.attach import PASTED, Attachment, Attachments, Budget, file_co
 from chatapp.chat.clip import pick_reply, reply_text
 from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
 from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, TextDelta, ToolCall, Trimmed, TurnStats
+from chatapp.chat.figures import stats_line, weights_format
 from chatapp.chat.settings import Settings, parse_settings, settings_text
 from chatapp.chat.tools import ToolRunner
 from model.errors import UserError
@@ -386,7 +387,8 @@ class Session:
     def stats(self) -> dict:
         c = self.cache
         d = {"model": self.lm.name, "cache_seqlens": c.pos, "capacity": c.capacity, "tokens": len(self.tokens),
-             "shape": list(c.shape), "dtype": str(c.dtype).removeprefix("torch."), "device": str(c.device),
+             "shape": list(c.shape), "dtype": str(c.dtype).removeprefix("torch."),
+             "weights": weights_format(self.lm.model), "device": str(c.device),
              "kv_bytes_used": c.bytes_used, "kv_bytes_allocated": c.bytes_allocated,
              "backend": self.lm.model.attn.name, "turns": self.turns, **self.settings.sampling_values()}
         kept = [st for st in self.history if st.turn <= self.turns]  # an /undo takes its turn's figures too
@@ -397,4 +399,4 @@ class Session:
         return d
 
     def stats_text(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in self.stats().items())
+        return stats_line(self.stats())

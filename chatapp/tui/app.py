@@ -34,6 +34,7 @@ from chatapp.chat.events import (
     Trimmed,
     TurnStats,
 )
+from chatapp.chat.figures import human_ms
 from chatapp.tui.bridge import Gate, Loaded, LoadFailed, LoadProgress, SessionEvent, TextBatch, TurnFinished, pump
 from chatapp.tui.cache_panel import CachePanel, read_memory
 from chatapp.tui.chats_screen import ChatAction, ChatsScreen
@@ -239,7 +240,7 @@ class ChatApp(ModelSwitching, Editing):
             case Trimmed():
                 t.mark_dropped(ev.dropped_exchanges)
                 await t.notice(f"Context full: dropped the {ev.dropped_exchanges} oldest exchange(s) and "
-                               f"re-prefilled {ev.reprefilled_tokens} tokens in {ev.reprefill_ms:,.0f} ms.",
+                               f"re-prefilled {ev.reprefilled_tokens} tokens in {human_ms(ev.reprefill_ms)}.",
                                "warning")
             case Info():
                 await t.notice(ev.text)
