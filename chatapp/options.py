@@ -10,8 +10,13 @@ from __future__ import annotations
 import argparse
 
 from chatapp.chat.settings import DEFAULTS
+from model.errors import UserError
 
 SUBCOMMANDS = ("pull", "tokenize", "bench")
+
+
+class FlagError(UserError):
+    """A flag or the config file holds a value the app cannot start with (not a model failure)."""
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:

@@ -22,6 +22,7 @@ from safetensors import SafetensorError
 from chatapp.chat.commands import parse_chat_id, parse_command, run_handler
 from chatapp.chat.edit import check_edit, rewind_and_send
 from chatapp.chat.events import CacheState, Error, Event, Info, Restored, Saved, Trimmed, TurnStats
+from chatapp.chat.presets import Presets, preset_command
 from chatapp.chat.session import Session
 from chatapp.store.branch import keep_branch
 from chatapp.store.chat_model import drop, session_for
@@ -73,6 +74,7 @@ class ChatKeeper:
         self.ephemeral = False
         self.said_read_only = False
         self.loader: Loader | None = None  # /model's: launch loads with the flags' device and dtype
+        self.presets = Presets()  # launch gives it the config's and the saved ones
 
     # --- what faces call ----------------------------------------------------------
     def send(self, text: str) -> Iterator[Event]:
@@ -378,6 +380,15 @@ class ChatKeeper:
     def attach_text(self, text: str) -> Iterator[Event]:
         """A paste too large for the input box: attached to the next message, as /file does."""
         yield from run_handler(self.session.attach_text, text)
+    def preset(self, arg: str) -> Iterator[Event]:
+        """`/preset ...` (chatapp/chat/presets.py); choosing one starts a new chat, as /system does."""
+        yield from self._track(preset_command(self.presets, arg, self.session.system, self.session.set_system))
+
+    def theme(self, _arg: str) -> Iterator[Event]:
+        """The TUI serves /theme itself; here (headless) there is nothing to colour."""
+        raise UserError("/theme: themes belong to the TUI; headless mode draws nothing")
+        yield  # a generator, like every handler
+
     def switch_model(self, spec: str) -> Iterator[Event]:
         """`/model SPEC`: the same chat on another model (chatapp/store/switch.py)."""
         yield from switch(self, spec)

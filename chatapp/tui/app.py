@@ -35,6 +35,8 @@ from chatapp.chat.events import (
     TurnStats,
 )
 from chatapp.chat.figures import human_ms
+from chatapp.config import load_config
+from chatapp.options import FlagError
 from chatapp.tui.bridge import Gate, Loaded, LoadFailed, LoadProgress, SessionEvent, TextBatch, TurnFinished, pump
 from chatapp.tui.cache_panel import CachePanel, read_memory
 from chatapp.tui.chats_screen import ChatAction, ChatsScreen
@@ -45,7 +47,7 @@ from chatapp.tui.model_screen import ModelSwitching
 from chatapp.tui.screens import ErrorScreen, HelpScreen
 from chatapp.tui.transcript import LoadStatus, Transcript
 from chatapp.tui.visible import visible
-from model.errors import UserError
+from model.errors import ModelLoadError, UserError
 
 if TYPE_CHECKING:  # the keeper imports torch, which must not delay the first frame
     from chatapp.store.keeper import ChatKeeper
@@ -55,6 +57,18 @@ Opener = Callable[[argparse.Namespace, Callable[[object], None]], "ChatKeeper"]
 PANEL_REFRESH_S = 0.25  # the panel updates at least 4 times a second while the model writes
 
 
+CHAT_ACTIONS = {"stop", "chats", "copy_reply", "help"}
+
+
+def failure_title(e: Exception) -> str:
+    """The error screen's title: what could not happen (the line below says why)."""
+    if isinstance(e, FlagError):
+        return "A setting is not valid"
+    if isinstance(e, ModelLoadError) or type(e).__name__ == "PullError":
+        return "The model could not be loaded"
+    return "nanochat-tui could not start"
+
+
 class ChatApp(ModelSwitching, Editing):
     CSS_PATH = "app.tcss"
     TITLE = "nanochat-tui"
@@ -62,7 +76,7 @@ class ChatApp(ModelSwitching, Editing):
     # had no columns left and Textual crashed drawing it): the chat gets the whole width.
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (80, "-wide")]
     BINDINGS = [
-        Binding("escape", "stop", "Stop reply"),
+        Binding("escape", "stop", "Stop reply"),  # CHAT_ACTIONS below: the ones the error screen hides
         Binding("f1", "help", "Help"),
         Binding("ctrl+o", "chats", "Chats"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
@@ -118,7 +132,20 @@ class ChatApp(ModelSwitching, Editing):
         await self.transcript.mount(LoadStatus(f"Loading {spec}…"))
         self.panel_timer = self.set_interval(PANEL_REFRESH_S, self.refresh_panel, pause=True)
         self.input.cursor_blink = not self.stable  # a blinking cursor would make snapshots flaky
+        self.config_theme()
         self.load_session()
+
+    def config_theme(self) -> None:
+        """The config file's theme (chatapp/config.py). A bad file is the load worker's to report."""
+        try:
+            name = load_config().theme
+        except UserError:
+            return
+        if name and name in self.available_themes:
+            self.theme = name
+        elif name:
+            self.load_warnings.append(f"config file: no theme {name!r}; themes: "
+                                      f"{', '.join(sorted(self.available_themes))}")
 
     # --- loading -------------------------------------------------------------------
     @work(thread=True, exit_on_error=False)
@@ -128,7 +155,7 @@ class ChatApp(ModelSwitching, Editing):
             opener = self.opener or self.open_chat
             chat = opener(self.args, lambda p: self.post_message(LoadProgress(p)))
         except UserError as e:
-            self.post_message(LoadFailed(str(e)))
+            self.post_message(LoadFailed(str(e), failure_title(e)))
         except Exception as e:  # a failed load is shown as one line, never a traceback
             self.post_message(LoadFailed(f"{type(e).__name__}: {e}"))
         else:
@@ -147,7 +174,7 @@ class ChatApp(ModelSwitching, Editing):
         self.sub_title = "no model"
         await self.transcript.query(LoadStatus).remove()
         await self.transcript.notice(msg.text, "error")
-        self.push_screen(ErrorScreen(msg.text))
+        self.push_screen(ErrorScreen(msg.text, msg.title))
 
     async def on_loaded(self, msg: Loaded) -> None:
         keeper = msg.chat
@@ -187,6 +214,23 @@ class ChatApp(ModelSwitching, Editing):
         self.start_turn(partial(self.keeper.send, text), "send")
         return True
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """On the error screen the chat's keys do nothing: the footer leaves them out."""
+        if isinstance(self.screen, ErrorScreen) and action in CHAT_ACTIONS:
+            return False
+        return True
+
+    def action_themes(self, name: str = "") -> None:
+        """`/theme` alone: Textual's theme picker; `/theme NAME`: that theme, or a line listing them."""
+        if not name:
+            self.action_change_theme()
+        elif name in self.available_themes:
+            self.theme = name
+            self.notify(f"Theme {name}. Put theme = \"{name}\" in the config file to keep it.")
+        else:
+            self.notify(f"/theme: no theme {name!r}; themes: {', '.join(sorted(self.available_themes))}",
+                        severity="error")
+
     async def command(self, line: str) -> bool:
         """A command the screen serves itself (its table entry names the action) runs here; the
         rest go to the keeper, which reports malformed ones in the same words as headless mode."""
@@ -194,7 +238,9 @@ class ChatApp(ModelSwitching, Editing):
             cmd = parse_command(line)
         except UserError:
             cmd = None
-        if cmd is not None and cmd.spec.screen and not cmd.arg:
+        if cmd is not None and cmd.spec.tui:
+            getattr(self, f"action_{cmd.spec.screen}")(cmd.arg)
+        elif cmd is not None and cmd.spec.screen and not cmd.arg:
             getattr(self, f"action_{cmd.spec.screen}")()
         else:
             self.start_turn(partial(self.keeper.run_command, line), "command")
@@ -374,7 +420,12 @@ class ChatApp(ModelSwitching, Editing):
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         for spec in TABLE:
-            yield SystemCommand(spec.usage, spec.help, partial(self.palette_command, spec))
+            help = spec.help_for(True) + (f" ({spec.key})" if spec.key else "")
+            yield SystemCommand(spec.usage, help, partial(self.palette_command, spec))
+        presets = self.keeper.presets.all() if self.keeper is not None else {}
+        for name, text in sorted(presets.items()):
+            yield SystemCommand(f"Preset: {name}", f"a new chat with this system prompt: {' '.join(text.split())[:80]}",
+                                partial(self.submit, f"/preset {name}"))
         yield SystemCommand("Chats", "the stored chats: open, rename, delete, new (Ctrl+O)", self.action_chats)
         yield SystemCommand("Switch model…", "the default model, the pulled ones, recent ones: the chat carries over",
                             self.action_models)
