@@ -41,3 +41,15 @@ async def test_the_panel_and_stats_in_the_app():
         stats = notices(app)[-1]
         assert "kv_used=" in stats and "iB" in stats and "kv_bytes_used" not in stats
         assert "weights=float32" in stats
+
+
+@pytest.mark.anyio
+async def test_one_tab_reaches_the_transcript_and_the_footer_names_its_keys():
+    app = make_app("--no-store")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await pilot.press("tab")
+        await pilot.pause()
+        assert app.focused is app.transcript
+        footer = " ".join(str(k.render()) for k in app.screen.query("FooterKey"))
+        assert "Prev code" in footer and "Copy code" in footer

@@ -45,6 +45,7 @@ from chatapp.tui.editing import Editing
 from chatapp.tui.input import ChatInput
 from chatapp.tui.model_screen import ModelSwitching
 from chatapp.tui.screens import ErrorScreen, HelpScreen
+from chatapp.tui.token_count import TokenCount
 from chatapp.tui.transcript import LoadStatus, Transcript
 from chatapp.tui.visible import visible
 from model.errors import ModelLoadError, UserError
@@ -69,7 +70,7 @@ def failure_title(e: Exception) -> str:
     return "nanochat-tui could not start"
 
 
-class ChatApp(ModelSwitching, Editing):
+class ChatApp(ModelSwitching, TokenCount, Editing):
     CSS_PATH = "app.tcss"
     TITLE = "nanochat-tui"
     # Below 80 columns the 38-column cache panel would squeeze the chat (at 42 the input box
@@ -450,7 +451,8 @@ class ChatApp(ModelSwitching, Editing):
     def show_attached(self) -> None:
         """The input box's border names the files waiting for the next message."""
         att = self.session.attached if self.session is not None else None
-        self.input.border_subtitle = visible(f"attached: {att.summary}") if att and att.files else ""
+        parts = [f"attached: {att.summary}" if att and att.files else "", self.input_tokens()]
+        self.input.border_subtitle = visible(" · ".join(p for p in parts if p))
 
     def mark_attached(self) -> None:
         """The message on screen names the files it carries (the session adds them when it sends)."""

@@ -62,7 +62,10 @@ class Row(Static):
 
 
 class CachePanel(VerticalScroll):
-    """Shown at the right of the chat; every field has an id so tests can read it."""
+    """Shown at the right of the chat; every field has an id so tests can read it. It takes no
+    focus (the mouse wheel still scrolls it), so one Tab from the input reaches the transcript."""
+
+    can_focus = False
 
     def __init__(self, stable: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
