@@ -228,8 +228,13 @@ class Transcript(VerticalScroll, can_focus=True):
     def on_mount(self) -> None:
         self.anchor()
 
+    def next_number(self) -> int:
+        """The number the next message gets: the one /edit N and /copy N take (trimmed ones count)."""
+        return self.trimmed() + len(self.exchanges) + 1
+
     async def add_user(self, text: str) -> None:
         ex = ExchangeView(UserMessage(text))
+        ex.user.border_title = f"you #{self.next_number()}"
         self.exchanges.append(ex)
         await self.mount(ex.user)
 
@@ -242,7 +247,7 @@ class Transcript(VerticalScroll, can_focus=True):
         """The reply being written, started on first use."""
         if (r := self.open_reply()) is not None:
             return r
-        r = Reply(self.markers)
+        r = Reply(self.markers, f"assistant #{self.trimmed() + len(self.exchanges)}")
         self.exchanges[-1].reply = r
         await self.mount(r)
         return r
@@ -312,10 +317,10 @@ class Transcript(VerticalScroll, can_focus=True):
                 self.scroll_to_widget(ex.user, animate=False)
 
     async def cut_from(self, number: int) -> None:
-        """/edit: message `number` and everything after it leave the screen."""
+        """/edit: message `number` and everything after it leave the screen, notices and /stats
+        lines included: they described a conversation that no longer exists."""
         k = max(number - 1 - self.trimmed(), 0)
-        for ex in self.exchanges[k:]:
-            await ex.user.remove()
-            if ex.reply is not None:
-                await ex.reply.remove()
+        if k < len(self.exchanges):
+            children = list(self.children)
+            await self.remove_children(children[children.index(self.exchanges[k].user):])
         del self.exchanges[k:]
