@@ -27,6 +27,7 @@ from chatapp.chat.events import (
     Error,
     Event,
     Info,
+    Prefilling,
     Quit,
     Restored,
     Saved,
@@ -44,6 +45,7 @@ from chatapp.tui.clipboard import CodeTranscript, copy_text
 from chatapp.tui.editing import Editing
 from chatapp.tui.input import ChatInput
 from chatapp.tui.model_screen import ModelSwitching
+from chatapp.tui.prefill_watch import PrefillWatch
 from chatapp.tui.screens import ErrorScreen, HelpScreen
 from chatapp.tui.token_count import TokenCount
 from chatapp.tui.transcript import LoadStatus, Transcript
@@ -70,7 +72,7 @@ def failure_title(e: Exception) -> str:
     return "nanochat-tui could not start"
 
 
-class ChatApp(ModelSwitching, TokenCount, Editing):
+class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
     CSS_PATH = "app.tcss"
     TITLE = "nanochat-tui"
     # Below 80 columns the 38-column cache panel would squeeze the chat (at 42 the input box
@@ -259,6 +261,7 @@ class ChatApp(ModelSwitching, TokenCount, Editing):
 
     def start_turn(self, events: Callable[[], Iterator[Event]], kind: str) -> None:
         self.busy, self.turn_kind = True, kind
+        self.watch_start()
         self.panel_timer.resume()
         self.gate = Gate()
         self.run_turn(events, self.gate)
@@ -270,11 +273,14 @@ class ChatApp(ModelSwitching, TokenCount, Editing):
     # --- session events ----------------------------------------------------------------
     async def on_text_batch(self, msg: TextBatch) -> None:
         self.batches += 1
+        self.watch_end()  # the first text: the prefill is over
         await (await self.transcript.reply()).write(msg.text, msg.thinking)
         self.call_after_refresh(self.gate.drawn)
 
     async def on_session_event(self, msg: SessionEvent) -> None:
         ev, t = msg.event, self.transcript
+        if not isinstance(ev, Prefilling):
+            self.watch_end()  # the prefill is over (or a trim's own progress shows it)
         self.panel.show_progress(ev)  # a re-prefill (trim or /model): its progress row
         match ev:
             case ToolCall():
@@ -367,6 +373,7 @@ class ChatApp(ModelSwitching, TokenCount, Editing):
         if self.quitting:
             self.exit()
         self.busy = False
+        self.watch_end()
         self.inputs_done += 1
         self.panel_timer.pause()
         self.refresh_panel()
@@ -378,6 +385,7 @@ class ChatApp(ModelSwitching, TokenCount, Editing):
         if self.session is not None:
             stats = self.session.stats()
             self.panel.show_stats(stats, read_memory(stats["device"]))
+            self.watch(stats)
 
     # --- actions -----------------------------------------------------------------------
     def action_stop(self) -> None:

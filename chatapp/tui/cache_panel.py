@@ -90,7 +90,7 @@ class CachePanel(VerticalScroll):
         yield Row("process RSS", "rss")
         yield Row("cuda alloc", "cuda_allocated")
         yield Row("cuda reserved", "cuda_reserved")
-        yield Label("last turn", classes="section")
+        yield Label("last turn", classes="section", id="turn-section")
         yield Row("prefill", "prefill")
         yield Row("cached", "cached")
         yield Row("TTFT", "ttft")
@@ -139,6 +139,19 @@ class CachePanel(VerticalScroll):
         if isinstance(ev, Prefilling):
             row.set(f"{ev.done} / {ev.total} tokens ({ev.reason})")
 
+    def show_inflight(self, done: int, total: int, waited_s: float) -> None:
+        """The turn in flight, while it prefills: its figures, not the last turn's."""
+        if done >= total:
+            return  # decoding: the last turn's figures stay until this one's arrive
+        self.query_one("#turn-section", Label).update("this turn")
+        self.row("prefill").set(f"{done:,} / {total:,}")
+        self.row("cached").set("—")
+        self.row("ttft").set(HIDDEN if self.stable else f"waiting {human_ms(waited_s * 1000)}")
+        self.row("speed").set("—")
+
+    def show_last_turn(self) -> None:
+        self._show_turns()
+
     def show_turn(self, st: TurnStats) -> None:
         self.turn_stats.append(st)
         self._show_turns()
@@ -156,6 +169,7 @@ class CachePanel(VerticalScroll):
 
     def _show_turns(self) -> None:
         """The last turn's figures (blanks when there is none) and the prefill history."""
+        self.query_one("#turn-section", Label).update("last turn")
         last = {}
         if self.turn_stats:
             st = self.turn_stats[-1]
