@@ -40,7 +40,8 @@ def test_a_pulled_name_resolves_the_same_from_every_side(pulled, tmp_path):
     assert (r.spec, r.path) == ("gemma3-270m", str(pulled))
     assert resolve(str(pulled)).spec == "gemma3-270m"  # its folder is recorded by name: portable
     assert resolve("  Gemma3-270M ").spec == "gemma3-270m"
-    assert "gemma3-270m" in [c.spec for c in choices(tmp_path)]  # the picker's spec is that name too
+    listed = {c.spec: c.note for c in choices(tmp_path)}
+    assert listed["gemma3-270m"] == "pulled; a base model: it continues text, it is not tuned to chat"
     assert resolve("random:tiny").spec == "random:tiny"
 
 

@@ -8,6 +8,7 @@ from textual import events
 from textual.widgets import Markdown, Sparkline
 from tui_pilot import endless, make_app, notices, ready, replies, row, submit, until
 
+from chatapp.chat.figures import human_ms
 from chatapp.tui.screens import ErrorScreen, HelpScreen
 from chatapp.tui.transcript import UserMessage
 
@@ -95,7 +96,7 @@ async def test_undo_takes_the_undone_turn_off_the_panel():
         await submit(pilot, "/undo")
         assert row(app, "prefill") == f"{retried.prefill_tokens} new"
         assert row(app, "cached") == f"{retried.cached_before} reused"
-        assert row(app, "ttft") == f"{retried.ttft_ms:.1f} ms"
+        assert row(app, "ttft") == human_ms(retried.ttft_ms)
         assert row(app, "speed") == f"{retried.tokens_per_s:.1f} tok/s"
         assert app.query_one("#history", Sparkline).data == [st.prefill_tokens for st in s.history[:3]]
 

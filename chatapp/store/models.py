@@ -70,9 +70,14 @@ def cached_models() -> list[ModelChoice]:
     found = []
     for kind, folder in (("pulled", root / "models"), ("converted from GGUF", root / "gguf")):
         dirs = sorted(folder.iterdir()) if folder.is_dir() else []
-        found += [ModelChoice(pulled_name(d) or str(d), d.name, kind) for d in dirs
+        found += [ModelChoice(pulled_name(d) or str(d), d.name, kind + base_note(pulled_name(d))) for d in dirs
                   if d != default and not d.name.startswith(".") and (d / "config.json").is_file()]
     return found
+
+
+def base_note(name: str | None) -> str:
+    """A pulled base model says so: it continues text rather than answering as a chat model."""
+    return "; a base model: it continues text, it is not tuned to chat" if name and manifest(name).base else ""
 
 
 def choices(root: Path | None) -> list[ModelChoice]:
