@@ -3,6 +3,7 @@ panel and in /stats, the cache's dtype apart from the weights' format, device ro
 their device, and panel rows that fit."""
 
 import pytest
+import torch
 from tui_pilot import make_app, notices, ready, row, submit
 
 from chatapp.chat.figures import human_bytes, human_ms, stats_line
@@ -53,3 +54,19 @@ async def test_one_tab_reaches_the_transcript_and_the_footer_names_its_keys():
         assert app.focused is app.transcript
         footer = " ".join(str(k.render()) for k in app.screen.query("FooterKey"))
         assert "Prev code" in footer and "Copy code" in footer
+
+
+def test_the_weights_format_of_a_quantized_model_fits_its_row():
+    """The default model's layout (Q4_1 GGUF kept as blocks: 4-bit layers, an 8-bit embedding)."""
+    from chatapp.chat.figures import weights_format
+    from model.quant.qlinear import QLinear
+
+    class Fake(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Module(), torch.nn.Module()
+            self.a.kind, self.b.kind = "q4", "q8"
+
+    text = weights_format(Fake())
+    assert text == "4-bit+8-bit blocks" and LABEL_WIDTH + len(text) <= 33
+    assert QLinear is not None

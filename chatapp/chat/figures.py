@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import weakref
 
-BLOCK_NAMES = {"q4": "4-bit blocks", "q8": "8-bit blocks"}   # model/quant's two layouts
+BLOCK_NAMES = {"q4": "4-bit", "q8": "8-bit"}   # model/quant's two layouts
 _formats: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -42,7 +42,8 @@ def weights_format(model) -> str:
         pass
     kinds = sorted({BLOCK_NAMES.get(getattr(m, "kind", ""), "") for m in model.modules()} - {""})
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
-    text = " + ".join(kinds + (dtypes if not kinds else [])) or "?"
+    # "4-bit+8-bit blocks" fits the panel's value column (19 characters)
+    text = ("+".join(kinds) + " blocks") if kinds else ("+".join(dtypes) or "?")
     try:
         _formats[model] = text
     except TypeError:

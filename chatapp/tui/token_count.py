@@ -7,6 +7,7 @@ border beside the attachments, and says so when the message is more than one tur
 
 from __future__ import annotations
 
+from textual.css.query import NoMatches
 from textual.widgets import TextArea
 
 COUNT_DELAY_S = 0.15
@@ -22,7 +23,13 @@ class TokenCount:
             return
         if self.count_timer is not None:
             self.count_timer.stop()
-        self.count_timer = self.set_timer(COUNT_DELAY_S, self.show_attached)
+        self.count_timer = self.set_timer(COUNT_DELAY_S, self.count_now)
+
+    def count_now(self) -> None:
+        try:
+            self.show_attached()
+        except NoMatches:  # the timer outlived the screen (the app is closing): nothing to show
+            pass
 
     def input_tokens(self) -> str:
         text, s = self.input.text, self.session
