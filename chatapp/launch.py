@@ -14,16 +14,17 @@ import dataclasses
 import sys
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 import torch
 
 from chatapp.chat.commands import is_text
+from chatapp.chat.presets import Presets
 from chatapp.chat.session import Session
 from chatapp.chat.settings import DEFAULTS, Settings, parse_settings, settings_text
-from chatapp.options import given_sampling
-from chatapp.pull.fetch import MODELS, ensure_default_model, ensure_model
-from chatapp.store.database import ChatStore, StoreError
+from chatapp.config import Config, load_config
+from chatapp.options import FlagError, given_sampling
+from chatapp.pull.resolve import resolve
+from chatapp.store.database import ChatStore, StoreError, data_home
 from chatapp.store.keeper import ChatKeeper
 from chatapp.store.models import remember
 from kvcache.attention import available_backends
@@ -36,20 +37,28 @@ from model.threads import use_threads
 Warn = Callable[[str], object]
 
 
+PRESETS_FILE = "presets.json"   # /preset save's presets, next to the chats (chatapp/chat/presets.py)
+
+
 def to_stderr(msg: object) -> None:
     print(msg, file=sys.stderr)
 
 
 def open_chat(args: argparse.Namespace, progress=None, warn: Warn | None = None) -> ChatKeeper:
     """The one chat object the faces talk to, ready for the first message."""
-    keeper = open_keeper(open_session(args, progress, warn), args, warn)
-    # /model loads on the same device, dtype and attention; --step, --tokenizer and --model-tag
-    # name the first model's checkpoint files, not the next one's
-    keeper.loader = partial(load_model, opts=dataclasses.replace(load_options(args), step=None, tokenizer=None,
-                                                                 model_tag=None))
+    config = load_config()
+    keeper = open_keeper(open_session(args, progress, warn, config), args, warn)
+    keeper.loader = loader_for(args)
+    keeper.presets = Presets(config.presets, data_home() / PRESETS_FILE)
     if args.model and keeper.store is not None and not keeper.store.read_only:
         remember(keeper.store.root, args.model)  # the /model picker lists it
     return keeper
+
+
+def loader_for(args: argparse.Namespace):
+    """/model and a chat's own model load on the same device, dtype and attention; --step,
+    --tokenizer and --model-tag name the first model's checkpoint files, not the next one's."""
+    return partial(load_model, opts=dataclasses.replace(load_options(args), step=None, tokenizer=None, model_tag=None))
 
 
 def load_options(args: argparse.Namespace) -> LoadOptions:
@@ -79,42 +88,52 @@ def check_device(device: str, attn: str) -> None:
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
-        raise UserError(f"--device {device!r} is not a device (try cpu, cuda or cuda:1)") from None
+        raise FlagError(f"--device {device!r} is not a device (try cpu, cuda or cuda:1)") from None
     if dev.type not in ("cpu", "cuda"):
-        raise UserError(f"--device {device}: only cpu and cuda devices are supported")
+        raise FlagError(f"--device {device}: only cpu and cuda devices are supported")
     if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
         have = f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available() else "no CUDA"
-        raise UserError(f"--device {device}: this machine has {have}")
+        raise FlagError(f"--device {device}: this machine has {have}")
     if attn in ("fa3", "fa2") and (dev.type != "cuda" or attn not in available_backends()):
-        raise UserError(f"--attn {attn} is not available here (available: {', '.join(available_backends())}; "
+        raise FlagError(f"--attn {attn} is not available here (available: {', '.join(available_backends())}; "
                         f"flash attention needs --device cuda)")
 
 
 def resolve_model_spec(spec: str | None, progress=None) -> str:
+    """What the loader takes for `--model` (chatapp/pull/resolve.py: the one resolver)."""
     if spec is not None and not spec.strip():
-        raise UserError("--model is empty; leave it out for the default model")
-    if spec in MODELS and not Path(spec).expanduser().exists():   # a pullable model's name (a path wins)
-        return str(ensure_model(spec, progress=progress))
-    return spec or str(ensure_default_model(progress=progress))
+        raise FlagError("--model is empty; leave it out for the default model")
+    return resolve(spec, progress=progress).path
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
-    values = {**DEFAULTS, **given_sampling(args)}
+def settings_from(args: argparse.Namespace, config: Config | None = None) -> Settings:
+    """The flags over the config file's [sampling] over the defaults."""
+    config = config or Config()
+    values = {**DEFAULTS, **config.sampling, **given_sampling(args)}
     if args.system is not None and not is_text(args.system):  # argv bytes that are not UTF-8
-        raise UserError("--system is not valid UTF-8 text")
+        raise FlagError("--system is not valid UTF-8 text")
     # One validator for flags and /set, so both reject the same values the same way.
-    parse_settings(settings_text({k: v for k, v in values.items() if v is not None}))
-    return Settings(**values, system=args.system)
+    try:
+        parse_settings(settings_text({k: v for k, v in values.items() if v is not None}))
+    except UserError as e:
+        raise FlagError(str(e)) from None
+    return Settings(**values, system=args.system if args.system is not None else config.system)
 
 
-def open_session(args: argparse.Namespace, progress=None, warn: Warn | None = None) -> Session:
+def open_session(args: argparse.Namespace, progress=None, warn: Warn | None = None,
+                 config: Config | None = None) -> Session:
     if args.context is not None and args.context < 16:
-        raise UserError("--context must be at least 16 tokens")
+        raise FlagError("--context must be at least 16 tokens")
     use_threads(getattr(args, "threads", None))
-    settings = settings_from(args)
+    config = config or load_config()
+    settings = settings_from(args, config)
     if note := native_note(args):
         (warn or to_stderr)(note)
-    lm = load_model(resolve_model_spec(args.model, progress), load_options(args))
+    if args.model is not None and not args.model.strip():
+        raise FlagError("--model is empty; leave it out for the default model")
+    named = resolve(args.model if args.model is not None else config.model, progress=progress)
+    settings.model = named.spec
+    lm = load_model(named.path, load_options(args))
     for line in lm.notes:
         (warn or to_stderr)(line)
     if args.context is not None and args.context > lm.context_length:
@@ -150,9 +169,9 @@ def open_keeper(session: Session, args: argparse.Namespace, warn: Warn | None = 
     chat, resume = getattr(args, "chat", None), getattr(args, "resume", False)
     no_store = getattr(args, "no_store", False)
     if no_store and (chat is not None or resume):
-        raise UserError("--no-store cannot be combined with --chat or --resume")
+        raise FlagError("--no-store cannot be combined with --chat or --resume")
     if (chat is not None or resume) and getattr(args, "system", None) is not None:
-        raise UserError("--system cannot change a stored chat's system prompt (use /system after it opens: "
+        raise FlagError("--system cannot change a stored chat's system prompt (use /system after it opens: "
                         "that starts a new chat)")
     if no_store:
         return ChatKeeper(session, None)
@@ -164,6 +183,7 @@ def open_keeper(session: Session, args: argparse.Namespace, warn: Warn | None = 
         warn(f"nanochat-tui: warning: chats will not be saved: {e}")
         return ChatKeeper(session, None, why_no_store=str(e))
     keeper = ChatKeeper(session, store)
+    keeper.loader = loader_for(args)  # --resume may load the chat's own model
     chat_id = chat if chat is not None else (store.latest_id() if resume else None)
     if resume and chat_id is None:
         warn("nanochat-tui: no stored chat to resume; starting a new one")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from chatapp.chat.settings import DEFAULTS
+from model.errors import UserError
 
 SUBCOMMANDS = ("pull", "tokenize", "bench", "serve")
 
@@ -18,6 +19,10 @@ def threads(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"--threads takes a whole number of threads, at least 1 (got {text!r})")
     return int(text)
+
+
+class FlagError(UserError):
+    """A flag or the config file holds a value the app cannot start with (not a model failure)."""
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -39,6 +44,14 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, help=f"0 is off (default: {d['top_k']})")
     p.add_argument("--top-p", type=float, help=f"nucleus sampling (default: {d['top_p']})")
     p.add_argument("--seed", type=int)
+    p.add_argument("--min-p", type=float, help="drop tokens below this share of the best one's probability "
+                   f"(default: {d['min_p']}, off)")
+    p.add_argument("--repetition-penalty", type=float, help="divide a repeated token's logit by this; "
+                   f"1 is off (default: {d['repetition_penalty']})")
+    p.add_argument("--presence-penalty", type=float, help=f"-2 to 2 (default: {d['presence_penalty']})")
+    p.add_argument("--frequency-penalty", type=float, help=f"-2 to 2 (default: {d['frequency_penalty']})")
+    p.add_argument("--repeat-last-n", type=int, help="how many of the reply's last tokens the penalties "
+                   f"count (default: {d['repeat_last_n']})")
 
 
 def chat_parser() -> argparse.ArgumentParser:

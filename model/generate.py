@@ -19,7 +19,7 @@ from model.graph_config import GraphConfig
 from model.graphs import GraphDecoder
 from model.kernels.cpu.step import build_cpu_step
 from model.prefill_graphs import PrefillGraphs, chunk_tokens
-from model.sampling import SamplingConfig, sample_token
+from model.sampling import WINDOW_MAX, SamplingConfig, sample_token
 
 
 class Generator:
@@ -37,6 +37,7 @@ class Generator:
         self.logits: torch.Tensor | None = None
         self.rng = torch.Generator(device=self.device)
         self.sampling = SamplingConfig()
+        self.reply: list[int] = []  # the tokens fed since `configure`: what the penalties count
         self.graphs = self._make_graphs(graphs) if self.device.type == "cuda" else None
         self.prefill_graphs = self._make_prefill() if self.graphs is not None else None
         if self.prefill_graphs is not None and prefill_chunk is None:
@@ -73,7 +74,11 @@ class Generator:
             return None
 
     def configure(self, sampling: SamplingConfig) -> None:
+        """A reply starts: its settings, and nothing yet for the penalties to count."""
         self.sampling = sampling
+        self.reply = []
+        if self.graphs is not None:
+            self.graphs.sampler.start_reply(sampling)
         if sampling.seed is not None:
             self.rng.manual_seed(sampling.seed)
 
@@ -113,8 +118,13 @@ class Generator:
 
     @torch.inference_mode()
     def feed(self, tok: int) -> None:
+        self.reply.append(tok)
+        if len(self.reply) > 2 * WINDOW_MAX:  # only the last window counts; bound the list
+            del self.reply[:-WINDOW_MAX]
         if self.graphs is not None:
             self.graphs.feed(tok)
+            if self.sampling.penalized:
+                self.graphs.sampler.remember(tok)
             self.logits = self.graphs.logits
             return
         if self.cpu_step is not None:
@@ -129,7 +139,7 @@ class Generator:
             raise RuntimeError("nothing to sample from: prefill first")
         if self.graphs is not None:
             return self.graphs.sample(self.sampling)
-        return int(sample_token(self.logits, self.sampling, self.rng))  # the one host sync per token
+        return int(sample_token(self.logits, self.sampling, self.rng, self.reply))  # the one host sync per token
 
     def forget(self) -> None:
         """Drop the last logits: after a rewind they no longer belong to the cache end."""

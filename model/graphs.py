@@ -59,6 +59,7 @@ class GraphDecoder:
             self.step_graph = self._capture(self._step_and_pick)
             self.sample_graphs = {"greedy": self._capture(self.sampler.greedy)}
             self.sample_graphs["sample"] = self._capture(self.sampler.sample, rng)
+            self.sample_graphs["greedy_penalized"] = self._capture(self.sampler.greedy_penalized)
         self.name = getattr(step, "name", "graph")
 
     def _capture(self, fn, rng: torch.Generator | None = None) -> torch.cuda.CUDAGraph:
@@ -128,13 +129,13 @@ class GraphDecoder:
     def sample(self, cfg: SamplingConfig) -> int:
         if self.ahead is not None:  # sampled before, never fed: the logits moved on; recompute
             self._refeed_last()
-        mode = "greedy" if cfg.temperature <= 0 else "sample"
+        mode = ("greedy_penalized" if cfg.penalized else "greedy") if cfg.temperature <= 0 else "sample"
         pos = self.cache.pos
         picked = self.picked if mode == "greedy" and self.picks else None
         if picked is not None and picked[0] == pos - 1:  # the last step already picked it
             done, host = picked[1], self.host_picks[pos - 1:pos]
         else:
-            if mode == "sample" and self.mode != (key := f"{cfg.temperature}/{cfg.top_k}/{cfg.top_p}"):
+            if mode != "greedy" and self.mode != (key := repr(cfg)):
                 self.sampler.set(cfg)
                 self.mode = key
             self.sample_graphs[mode].replay()

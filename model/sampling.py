@@ -1,11 +1,17 @@
-"""Sampling: greedy, temperature, top-k and top-p, one implementation for the host and the device.
+"""Sampling: greedy, temperature, top-k, top-p, min-p and the repetition penalties, one
+implementation for the host and the device.
 
-`probabilities` is the maths (fixed shapes, no host sync: capturable). The eager decode
-draws from it with torch.multinomial (`sample_token`); the CUDA-graph decode with `race`
-(`DeviceSampler`, its settings in device tensors so that one captured graph serves every
-setting). For one sample multinomial *is* that exponential race, after a host-side check of
-the probabilities, and both take their settings from `settings`: for the same logits, config
-and generator state they draw the same token (tests check this on the CPU, where both run).
+`penalize` and `probabilities` are the maths (fixed shapes, no host sync: capturable). The
+eager decode draws from them with torch.multinomial (`sample_token`); the CUDA-graph decode
+with `race` (`DeviceSampler`, its settings in device tensors so that one captured graph serves
+every setting). For one sample multinomial *is* that exponential race, after a host-side check
+of the probabilities, and both take their settings from `settings`: for the same logits,
+config, recent tokens and generator state they draw the same token (tests check this on the
+CPU, where both run).
+
+The penalties (docs/sampling.md) count the tokens of the reply being written, its last
+`repeat_last_n`: the prompt, the chat template's markers and the user's words are never
+penalized, so a stop token or a name the user gave stays as likely as the model makes it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,16 @@ class SamplingConfig:
     top_k: int = 0             # 0 means off
     top_p: float = 1.0         # 1 means off
     seed: int | None = None
+    min_p: float = 0.0               # 0 means off: drop tokens below min_p x the best one's probability
+    repetition_penalty: float = 1.0  # 1 means off: a seen token's logit is divided (>0) or multiplied (<0) by it
+    presence_penalty: float = 0.0    # subtracted once from a seen token's logit
+    frequency_penalty: float = 0.0   # subtracted per occurrence
+    repeat_last_n: int = 64          # the window of the reply the penalties look at
+
+    @property
+    def penalized(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
 
 
 # Below this, top_p keeps only the top token anyway (its runner-up holds at least 1/V of the
@@ -28,27 +44,52 @@ class SamplingConfig:
 MIN_TOP_P = 1e-6
 MIN_TEMPERATURE = 1e-6  # 1e-300 must not turn the logits into inf
 TOP_P_OFF = 2.0         # no token has 2 of probability mass before it: nothing is dropped
+WINDOW_MAX = 1024       # repeat_last_n's ceiling: the device keeps a ring of this many token ids
 
 
-def settings(cfg: SamplingConfig, vocab: int) -> tuple[float, int, float]:
-    """`probabilities`' (temperature, index of the k-th best token, top_p): floors applied, and an
-    'off' setting made one that keeps every token."""
+def settings(cfg: SamplingConfig, vocab: int) -> tuple[float, int, float, float]:
+    """`probabilities`' (temperature, index of the k-th best token, top_p, min_p): floors applied,
+    and an 'off' setting made one that keeps every token."""
     kth = (min(cfg.top_k, vocab) if cfg.top_k > 0 else vocab) - 1
     top_p = max(cfg.top_p, MIN_TOP_P) if cfg.top_p < 1.0 else TOP_P_OFF
-    return max(cfg.temperature, MIN_TEMPERATURE), kth, top_p
+    return max(cfg.temperature, MIN_TEMPERATURE), kth, top_p, min(max(cfg.min_p, 0.0), 1.0)
+
+
+def window(cfg: SamplingConfig) -> int:
+    return max(1, min(cfg.repeat_last_n, WINDOW_MAX))
+
+
+def token_counts(recent: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(V,) float32 occurrences of each id in `recent` (int64); the id `vocab` is padding."""
+    counts = torch.zeros(vocab + 1, device=recent.device)
+    return counts.scatter_add_(0, recent, torch.ones_like(recent, dtype=torch.float32))[:vocab]
+
+
+def penalize(logits: torch.Tensor, counts: torch.Tensor, repetition: torch.Tensor,
+             presence: torch.Tensor, frequency: torch.Tensor) -> torch.Tensor:
+    """Float32 logits after the penalties: CTRL's repetition penalty as Hugging Face and
+    llama.cpp apply it (a seen token's positive logit divided by it, a negative one multiplied),
+    then OpenAI's `logit - frequency * count - presence * [count > 0]`. Settings: float32 (1,)."""
+    logits = logits.float()
+    seen = counts > 0
+    scaled = torch.where(logits > 0, logits / repetition, logits * repetition)
+    return torch.where(seen, scaled, logits) - frequency * counts - presence * seen.float()
 
 
 def probabilities(logits: torch.Tensor, temperature: torch.Tensor, kth: torch.Tensor,
-                  top_p: torch.Tensor) -> torch.Tensor:
-    """(V,) probabilities in vocabulary order, after temperature, top-k and top-p. temperature
-    and top_p: float32 (1,) tensors, kth: int64 (1,), on the logits' device."""
+                  top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """(V,) probabilities in vocabulary order, after temperature, top-k, top-p and min-p.
+    temperature, top_p and min_p: float32 (1,) tensors, kth: int64 (1,), on the logits' device."""
     logits = logits.float() / temperature
     sorted_l, order = torch.sort(logits, descending=True)
     # Top-k by value: the k-th best stays, and so does every token tied with it.
     sorted_l = sorted_l.masked_fill(sorted_l < sorted_l.gather(-1, kth), float("-inf"))
     probs = sorted_l.softmax(-1)
     # Drop a token once the mass before it already reaches top_p; the first always stays.
-    sorted_l = sorted_l.masked_fill(probs.cumsum(-1) - probs >= top_p, float("-inf"))
+    # min_p compares with the best token: a ratio of probabilities, which top-p's cut of the
+    # tail does not change, so one mask from the same probabilities is top-p then min-p.
+    drop = (probs.cumsum(-1) - probs >= top_p) | (probs < min_p * probs[..., :1])
+    sorted_l = sorted_l.masked_fill(drop, float("-inf"))
     return logits.scatter(-1, order, sorted_l).softmax(-1)
 
 
@@ -59,44 +100,81 @@ def race(probs: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
     return (probs / noise).argmax(-1)
 
 
-def sample_token(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator | None) -> torch.Tensor:
-    """Sample from (V,) logits on their device; returns a 0-d int64 tensor."""
+def _scalar(value: float, dev: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    # torch.full launches a fill with the value as its argument: no copy, so no host sync.
+    return torch.full((1,), value, dtype=dtype, device=dev)
+
+
+def sample_token(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator | None,
+                 recent: list[int] | None = None) -> torch.Tensor:
+    """Sample from (V,) logits on their device; `recent`: the reply's tokens so far, which the
+    penalties count (their last `repeat_last_n`). Returns a 0-d int64 tensor."""
+    dev, vocab = logits.device, logits.shape[-1]
+    if cfg.penalized and recent:
+        ids = torch.tensor(recent[-window(cfg):], dtype=torch.long, device=dev)
+        logits = penalize(logits, token_counts(ids, vocab), _scalar(cfg.repetition_penalty, dev),
+                          _scalar(cfg.presence_penalty, dev), _scalar(cfg.frequency_penalty, dev))
     if cfg.temperature <= 0:
         return logits.argmax(-1)
-    temperature, kth, top_p = settings(cfg, logits.shape[-1])
-    dev = logits.device
-    # torch.full launches a fill with the value as its argument: no copy, so no host sync.
-    t = torch.full((1,), temperature, device=dev)
-    if kth == logits.shape[-1] - 1 and top_p == TOP_P_OFF:  # nothing to drop: the same maths without its sort
+    temperature, kth, top_p, min_p = settings(cfg, vocab)
+    t = _scalar(temperature, dev)
+    if kth == vocab - 1 and top_p == TOP_P_OFF and min_p == 0:  # nothing to drop: the same maths without its sort
         probs = (logits.float() / t).softmax(-1)
     else:
-        probs = probabilities(logits, t, torch.full((1,), kth, dtype=torch.long, device=dev),
-                              torch.full((1,), top_p, device=dev))
+        probs = probabilities(logits, t, _scalar(kth, dev, torch.long), _scalar(top_p, dev), _scalar(min_p, dev))
     # multinomial is `race` plus a check of the probabilities on the host (the caller syncs on
     # the token anyway): NaN logits from a broken model raise here instead of picking a token.
     return torch.multinomial(probs, 1, generator=gen)[0]
 
 
 class DeviceSampler:
-    """`probabilities` and `race` over fixed buffers, settings held in device tensors: `greedy()` or `sample()`
-    writes the token into `out`, so each can be captured once and replayed for any setting."""
+    """`penalize`, `probabilities` and `race` over fixed buffers, settings held in device
+    tensors: `greedy()`, `greedy_penalized()` or `sample()` writes the token into `out`, so each
+    can be captured once and replayed for any setting. The reply's recent tokens live in a
+    device ring (`remember`), padded with the id V, which counts for nothing."""
 
     def __init__(self, logits: torch.Tensor, out: torch.Tensor):
         self.logits, self.out = logits, out
-        dev = logits.device
+        dev, self.vocab = logits.device, logits.shape[-1]
         self.temperature = torch.ones(1, device=dev)
-        self.kth = torch.full((1,), logits.shape[-1] - 1, dtype=torch.long, device=dev)
+        self.kth = torch.full((1,), self.vocab - 1, dtype=torch.long, device=dev)
         self.top_p = torch.full((1,), TOP_P_OFF, device=dev)
+        self.min_p = torch.zeros(1, device=dev)
+        self.repetition = torch.ones(1, device=dev)
+        self.presence = torch.zeros(1, device=dev)
+        self.frequency = torch.zeros(1, device=dev)
+        self.recent = torch.full((WINDOW_MAX,), self.vocab, dtype=torch.long, device=dev)
+        self.slot, self.ring = 0, 1
         self.gen: torch.Generator | None = None
 
     def set(self, cfg: SamplingConfig) -> None:
-        temperature, kth, top_p = settings(cfg, self.logits.shape[-1])
-        self.temperature.fill_(temperature)
-        self.kth.fill_(kth)
-        self.top_p.fill_(top_p)
+        temperature, kth, top_p, min_p = settings(cfg, self.vocab)
+        for buf, value in ((self.temperature, temperature), (self.kth, kth), (self.top_p, top_p),
+                           (self.min_p, min_p), (self.repetition, cfg.repetition_penalty),
+                           (self.presence, cfg.presence_penalty), (self.frequency, cfg.frequency_penalty)):
+            buf.fill_(value)
+
+    def start_reply(self, cfg: SamplingConfig) -> None:
+        """A new reply: nothing seen yet, and the ring as long as its window."""
+        self.recent.fill_(self.vocab)
+        self.slot, self.ring = 0, window(cfg)
+
+    def remember(self, tok: int) -> None:
+        """A token of the reply went into the cache: it now counts, replacing the oldest one
+        once the window is full (a fill kernel with the id as its argument: no host sync)."""
+        self.recent[self.slot].fill_(tok)
+        self.slot = (self.slot + 1) % self.ring
+
+    def _penalized(self) -> torch.Tensor:
+        return penalize(self.logits, token_counts(self.recent, self.vocab), self.repetition,
+                        self.presence, self.frequency)
 
     def greedy(self) -> None:
         self.out.copy_(self.logits.argmax(-1, keepdim=True))
 
+    def greedy_penalized(self) -> None:
+        self.out.copy_(self._penalized().argmax(-1, keepdim=True))
+
     def sample(self) -> None:
-        self.out.copy_(race(probabilities(self.logits, self.temperature, self.kth, self.top_p), self.gen))
+        probs = probabilities(self._penalized(), self.temperature, self.kth, self.top_p, self.min_p)
+        self.out.copy_(race(probs, self.gen))

@@ -41,6 +41,8 @@ def _chats_in_tmp(tmp_path_factory, monkeypatch):
     never in the user's. Only the chats dir moves: NANOCHAT_TUI_HOME (the model cache) is left
     to the tests that pull the default model."""
     monkeypatch.setenv("NANOCHAT_TUI_CHATS", str(tmp_path_factory.mktemp("chats")))
+    # nor the user's config file (chatapp/config.py): a test that wants one writes its own
+    monkeypatch.setenv("NANOCHAT_TUI_CONFIG", str(tmp_path_factory.mktemp("config") / "config.toml"))
 
 
 @dataclass

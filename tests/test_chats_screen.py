@@ -49,7 +49,7 @@ def test_lists_newest_first_and_opens_the_selected_chat(tmp_path):
     assert results == [ChatAction("open", b)]  # c is newest and first; down moves to b
     _, rows = run(store, current=c)
     assert [r[0] for r in rows] == [str(c), str(b), str(a)] and str(rows[0][1]) == "chat 2 (open)"
-    assert rows[0][3] == "2"  # two messages
+    assert rows[0][3] == "1"  # one message (with its reply), as /edit numbers them
 
 
 def test_new_and_escape(tmp_path):
@@ -101,3 +101,26 @@ def test_empty_store_says_so(tmp_path):
             return hint, app.results
     hint, results = asyncio.run(go())
     assert "No stored chats yet" in hint and results == []
+
+
+def test_search_filters_by_title_and_message_and_esc_clears_it(tmp_path):
+    store = ChatStore(tmp_path)
+    fill(store, 3)
+    store.save(ChatData("recipes", "random:tiny", "fp", "tfp", {}, "sys", [], 0,
+                        [StoredMessage("user", "how long to bake banana_bread?", [1]),
+                         StoredMessage("assistant", "about an hour", [2])]))
+    _, rows = run(store, keys=["slash", tuple("banana_b")])  # '_' is literal, not LIKE's wildcard
+    assert [r[1].plain for r in rows] == ["recipes"]
+    _, rows = run(store, keys=["slash", tuple("CHAT 1")])  # titles too, any case
+    assert [r[1].plain for r in rows] == ["chat 1"]
+    results, rows = run(store, keys=["slash", tuple("nothing like it"), "escape"])
+    assert len(rows) == 4 and results == []  # Esc cleared the search, the screen stays
+    results, _ = run(store, keys=["slash", tuple("hour"), "enter", "enter"])  # Enter: to the list, then open
+    assert results == [ChatAction("open", 4)]
+
+
+def test_the_list_counts_messages_as_edit_numbers_them(tmp_path):
+    store = ChatStore(tmp_path)
+    fill(store, 1)  # one user message and its reply: message 1, as /edit 1 and the transcript say
+    _, rows = run(store)
+    assert rows[0][3] == "1"

@@ -77,5 +77,5 @@ async def test_the_app_chats_with_a_tiny_gemma(tmp_path):
         assert len(s.tokens) - ex.reply_start == 8 + len(s.template.end_reply())             # 8 tokens written
         assert replies(app) == [ex.reply.strip()]   # the transcript shows them (a tiny model writes blank lines)
         assert row(app, "cache_seqlens") == f"{s.cache.pos} / 256"
-        assert row(app, "shape") == "(6, 1, 256, 2, 16)"
+        assert row(app, "shape") == "6×1×256×2×16"
         assert s.tokens[:2] == [s.lm.tokenizer.token("<bos>"), s.lm.tokenizer.token("<start_of_turn>")]

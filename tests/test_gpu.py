@@ -456,3 +456,57 @@ def test_gemma3_graph_step_sees_exactly_its_window(fused):
         oldest = pos + 1 - c.sliding_window  # the oldest key the query at `pos` sees
         assert torch.equal(step_with(oldest), ref)
         assert not torch.equal(step_with(oldest + 1), ref)
+
+
+def penalized_run(gen: Generator, prompt: list[int], cfg: SamplingConfig, n: int):
+    """n tokens through the captured sampler, each beside what the reference maths
+    (model/sampling.py's penalize and probabilities, run eagerly on a copy of the graph's own
+    logits) allows for it, given the reply so far."""
+    from model.sampling import penalize, probabilities, settings, token_counts
+    gen.cache.reset()
+    gen.forget()
+    gen.configure(cfg)
+    gen.prefill(prompt)
+    vocab, one = gen.vocab_size, lambda x: torch.full((1,), float(x), device="cuda")
+    out, allowed = [], []
+    for _ in range(n):
+        logits = gen.logits.clone()
+        ids = torch.tensor(out[-cfg.repeat_last_n:] or [vocab], device="cuda")
+        pen = penalize(logits, token_counts(ids, vocab), one(cfg.repetition_penalty),
+                       one(cfg.presence_penalty), one(cfg.frequency_penalty))
+        if cfg.temperature <= 0:
+            allowed.append({int(pen.argmax())})
+        else:
+            t, kth, top_p, min_p = settings(cfg, vocab)
+            probs = probabilities(pen, one(t), torch.tensor([kth], device="cuda"), one(top_p), one(min_p))
+            allowed.append(set(torch.nonzero(probs > 0).flatten().tolist()))
+        out.append(gen.sample())
+        gen.feed(out[-1])
+    return out, allowed
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("lookahead", [True, False])
+def test_penalties_and_min_p_inside_the_captured_sampler(lm, lookahead):
+    """The captured graphs (greedy_penalized, sample) apply the repetition, presence and frequency
+    penalties over the reply's last repeat_last_n tokens (a ring on the device that wraps here)
+    and min_p: every token is one the reference maths allows for the graph's logits, and a seed
+    replays the same reply."""
+    gen = Generator(lm.model, lm.model.new_cache(512), lm.tokenizer.vocab_size,
+                    graphs=GraphConfig(lookahead=lookahead))
+    assert gen.graphs is not None
+    prompt = chat_prompt(lm)
+    greedy_cfg = SamplingConfig(temperature=0.0, repetition_penalty=1.5, presence_penalty=0.5,
+                                frequency_penalty=0.3, repeat_last_n=6)
+    toks, allowed = penalized_run(gen, prompt, greedy_cfg, 40)
+    assert all(t in ok for t, ok in zip(toks, allowed, strict=True))
+    plain, _ = penalized_run(gen, prompt, SamplingConfig(temperature=0.0), 40)
+    assert toks != plain  # the penalties changed the greedy reply
+    cfg = SamplingConfig(temperature=1.0, min_p=0.2, repetition_penalty=1.3, frequency_penalty=0.5,
+                         repeat_last_n=8, seed=5)
+    a, allowed = penalized_run(gen, prompt, cfg, 40)
+    assert all(t in ok for t, ok in zip(a, allowed, strict=True))
+    assert any(len(ok) > 1 for ok in allowed)  # min_p left a choice: these are real draws
+    b, _ = penalized_run(gen, prompt, cfg, 40)
+    assert a == b

@@ -8,6 +8,7 @@ from textual import events
 from textual.widgets import Markdown, Sparkline
 from tui_pilot import endless, make_app, notices, ready, replies, row, submit, until
 
+from chatapp.chat.figures import human_ms
 from chatapp.tui.screens import ErrorScreen, HelpScreen
 from chatapp.tui.transcript import UserMessage
 
@@ -36,9 +37,9 @@ async def test_chat_turns_reach_transcript_and_panel():
         assert row(app, "cache_seqlens") == f"{s.cache.pos} / {s.cache.capacity}"
         assert replies(app) == [ex.reply for ex in s.exchanges]
         assert app.query_one("#history", Sparkline).data == [first.prefill_tokens, new]
-        assert row(app, "turns") == f"2, max {first.prefill_tokens}, last {new}"
+        assert row(app, "turns") == f"2, max {first.prefill_tokens}"
         assert row(app, "model") == "random:tiny" and row(app, "backend") == "SDPA"
-        assert row(app, "shape") == "(2, 1, 2048, 2, 16)" and row(app, "dtype") == "float32"
+        assert row(app, "shape") == "2×1×2048×2×16" and row(app, "dtype") == "float32"
         assert row(app, "rss").endswith(("MiB", "GiB"))  # the whole test process: its size varies
 
 
@@ -95,14 +96,14 @@ async def test_undo_takes_the_undone_turn_off_the_panel():
         await submit(pilot, "/undo")
         assert row(app, "prefill") == f"{retried.prefill_tokens} new"
         assert row(app, "cached") == f"{retried.cached_before} reused"
-        assert row(app, "ttft") == f"{retried.ttft_ms:.1f} ms"
+        assert row(app, "ttft") == human_ms(retried.ttft_ms)
         assert row(app, "speed") == f"{retried.tokens_per_s:.1f} tok/s"
         assert app.query_one("#history", Sparkline).data == [st.prefill_tokens for st in s.history[:3]]
 
         await submit(pilot, "/undo")  # turn two goes with both of its replies
         assert row(app, "prefill") == f"{first.prefill_tokens} new"
         assert app.query_one("#history", Sparkline).data == [first.prefill_tokens]
-        assert row(app, "turns") == f"1, max {first.prefill_tokens}, last {first.prefill_tokens}"
+        assert row(app, "turns") == f"1, max {first.prefill_tokens}"
 
         await submit(pilot, "/undo")
         assert [row(app, id) for id in ("prefill", "cached", "ttft", "speed", "turns")] == ["—"] * 5

@@ -10,6 +10,7 @@ from __future__ import annotations
 from tui_pilot import make_app, ready, submit, until
 
 from chatapp.tui.screens import ErrorScreen
+from chatapp.tui.transcript import chat_markdown
 
 SIZE = (120, 36)
 GREEDY = ("--temperature", "0", "--seed", "7", "--max-new-tokens", "32")
@@ -38,3 +39,36 @@ def test_error_screen(snap_compare):
 
     app = make_app("--model", "random:nope", stable=True)
     assert snap_compare(app, terminal_size=SIZE, run_before=fail)
+
+
+REPLY = """The primary colours:
+Red (R)
+Blue (B)
+Yellow (Y)
+
+- a list item
+- another one
+continued on a second line
+
+| colour | code |
+|---|---|
+| red | R |
+
+```python
+def mix(a, b):
+    return a + b
+```"""
+
+
+def test_a_reply_keeps_its_single_line_breaks(snap_compare):
+    """Single newlines are hard breaks (chatapp/tui/transcript.py's chat_markdown): the three
+    colours stay on three lines; the list, the table and the code block render as before."""
+    kinds = [t.type for t in chat_markdown().parse("Red (R)\nBlue (B)")[1].children]
+    assert kinds == ["text", "hardbreak", "text"]
+
+    async def show(pilot):
+        await ready(pilot)
+        await pilot.app.transcript.add_exchange("the primary colours?", REPLY, [])
+        await pilot.pause()
+
+    assert snap_compare(make_app(*GREEDY, stable=True), terminal_size=(120, 44), run_before=show)

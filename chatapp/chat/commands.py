@@ -23,6 +23,12 @@ class CommandSpec:
     handler: str = ""    # the method that serves it (Session's, or ChatKeeper's when store=True)
     store: bool = False  # served by the keeper; refused when chats are not stored
     screen: str = ""     # the TUI action that serves it when it comes without an argument
+    key: str = ""        # the TUI's key for it: /help names it, the TUI's own lists show it as a key
+    tui: bool = False    # the TUI serves it with an argument too (action_{screen}(arg)); headless refuses
+
+    def help_for(self, tui: bool) -> str:
+        """Its help where it is read: the TUI's palette shows the key itself, /help elsewhere says it."""
+        return self.help if tui or not self.key else f"{self.help} ({self.key} in the TUI)"
 
     @property
     def usage(self) -> str:
@@ -38,7 +44,11 @@ TABLE = [
     CommandSpec("/retry", "rewind to before the last reply and generate it again", handler="retry"),
     CommandSpec("/undo", "remove the last exchange", handler="undo"),
     CommandSpec("/system", "set the system prompt (starts a new chat)", "TEXT", handler="set_system"),
-    CommandSpec("/set", "show the settings, or change them: /set temperature=0.7 top_k=50 top_p=0.9 seed=1 "
+    CommandSpec("/preset", "system-prompt presets: alone, list them; /preset NAME starts a chat with one; /preset "
+                "save NAME keeps the current system prompt; /preset delete NAME", "[NAME]", handler="preset",
+                store=True),
+    CommandSpec("/set", "show the settings, or change them: /set temperature=0.7 top_k=50 top_p=0.9 min_p=0.05 "
+                "repetition_penalty=1.1 presence_penalty=0 frequency_penalty=0 repeat_last_n=64 seed=1 "
                 "max_new_tokens=256 low_water=0.5 (a full context is trimmed to that share)",
                 "[NAME=VALUE ...]", handler="change_settings"),
     CommandSpec("/stats", "show the cache, the settings and the last turn's figures", handler="show_stats"),
@@ -50,11 +60,13 @@ TABLE = [
     CommandSpec("/export", "write this chat as Markdown", "[PATH]", handler="export", store=True),
     CommandSpec("/quit", "leave", handler="quit", screen="quit"),
     CommandSpec("/edit", "rewind to message N and send TEXT in its place; the old continuation stays stored "
-                "as a branch (Ctrl+E in the TUI)", "N TEXT", handler="edit", store=True),
+                "as a branch", "N TEXT", handler="edit", store=True, key="Ctrl+E"),
     CommandSpec("/copy", "copy a reply's text to the clipboard (default: the last; N: the Nth reply of the chat, "
                 "-N: N back)", "[N]", handler="copy_reply"),
     CommandSpec("/file", "attach a text file to the next message (alone: list them; /file --clear drops them)",
                 "[PATH]", handler="attach_file"),
+    CommandSpec("/theme", "change the TUI's colours (no NAME: the theme picker); theme = NAME in the config "
+                "file keeps one", "[NAME]", handler="theme", store=True, screen="themes", tui=True),
     CommandSpec("/model", "switch to another model, keeping the chat (no SPEC: list the models)", "[SPEC]",
                 handler="switch_model", store=True, screen="models"),
 ]
@@ -123,8 +135,9 @@ def split_input(text: str) -> tuple[str, str]:
     return "user", text
 
 
-def help_rows() -> list[tuple[str, str]]:
-    return [*((c.usage, c.help) for c in TABLE), ("//TEXT", "send a message that starts with / (one slash is dropped)")]
+def help_rows(tui: bool = False) -> list[tuple[str, str]]:
+    return [*((c.usage, c.help_for(tui) + (f" ({c.key})" if tui and c.key else "")) for c in TABLE),
+            ("//TEXT", "send a message that starts with / (one slash is dropped)")]
 
 
 def help_text() -> str:

@@ -137,7 +137,8 @@ class Restored:
     def line(self) -> str:
         """The one line the faces show, e.g. in the cache panel."""
         if self.reprefilled_tokens == 0 and self.restored_tokens:
-            return f"restored {self.restored_tokens} tokens from snapshot"
+            why = f" ({self.detail})" if self.detail else ""  # e.g. the chat's own model is missing
+            return f"restored {self.restored_tokens} tokens from snapshot{why}"
         parts = [f"restored {self.restored_tokens} tokens from snapshot"] if self.restored_tokens else []
         parts.append(f"re-prefilled {self.reprefilled_tokens} tokens")
         return ", ".join(parts) + (f" ({self.detail})" if self.detail else "")

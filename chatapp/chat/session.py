@@ -23,6 +23,7 @@ from chatapp.chat.clip import pick_reply, reply_text
 from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
 from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, TextDelta, Trimmed, TurnStats
 from chatapp.chat.exchange import Exchange
+from chatapp.chat.figures import stats_line, weights_format
 from chatapp.chat.respond import adopt_history, parse_messages
 from chatapp.chat.settings import Settings, parse_settings, settings_text
 from chatapp.chat.tools import ToolRunner
@@ -235,7 +236,7 @@ class Session:
         for the first token: its re-prefill counts in the turn's TTFT and prefill tokens."""
         ex = self.exchanges[-1]
         s = self.settings
-        self.gen.configure(SamplingConfig(s.temperature, s.top_k, s.top_p, s.seed))
+        self.gen.configure(SamplingConfig(**s.sampler_values()))
         if self.cache.pos == len(self.tokens):  # nothing pending (a retry): re-feed one token for logits
             self.cache.rewind(self.cache.pos - 1)
         cached_before = self.cache.pos
@@ -421,7 +422,8 @@ class Session:
     def stats(self) -> dict:
         c = self.cache
         d = {"model": self.lm.name, "cache_seqlens": c.pos, "capacity": c.capacity, "tokens": len(self.tokens),
-             "shape": list(c.shape), "dtype": str(c.dtype).removeprefix("torch."), "device": str(c.device),
+             "shape": list(c.shape), "dtype": str(c.dtype).removeprefix("torch."),
+             "weights": weights_format(self.lm.model), "device": str(c.device),
              "kv_bytes_used": c.bytes_used, "kv_bytes_allocated": c.bytes_allocated,
              "backend": self.lm.model.attn.name, "turns": self.turns, **self.settings.sampling_values()}
         kept = [st for st in self.history if st.turn <= self.turns]  # an /undo takes its turn's figures too
@@ -432,4 +434,4 @@ class Session:
         return d
 
     def stats_text(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in self.stats().items())
+        return stats_line(self.stats())

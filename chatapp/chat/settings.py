@@ -17,13 +17,23 @@ class Settings:
     top_k: int = 0
     top_p: float = 0.9
     seed: int | None = None
+    min_p: float = 0.0               # 0 = off (model/sampling.py)
+    repetition_penalty: float = 1.0  # 1 = off; the penalties count the reply's last repeat_last_n tokens
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_last_n: int = 64
     max_new_tokens: int = 256
     low_water: float = 0.5           # a full context is trimmed down to this share of it (chat/trim.py)
     system: str | None = None        # None: the model's default system prompt
+    model: str | None = None         # the model's spec as chatapp/pull/resolve.py records it: the chat reopens on it
 
     def sampling_values(self) -> dict:
         """Every setting `/set` can change, by name (the system prompt has its own command)."""
         return {k: getattr(self, k) for k in SETTINGS}
+
+    def sampler_values(self) -> dict:
+        """The keyword arguments of model.sampling.SamplingConfig (kept torch-free here)."""
+        return {k: getattr(self, k) for k in SAMPLER}
 
 
 # name -> (type, check, description of valid values)
@@ -32,9 +42,16 @@ SETTINGS = {
     "top_k": (int, lambda v: v >= 0, "an integer >= 0 (0 = off)"),
     "top_p": (float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
     "seed": (int, lambda v: 0 <= v < 2**64, "an integer from 0 to 2**64 - 1"),
+    "min_p": (float, lambda v: 0 <= v <= 1, "a number from 0 to 1 (0 = off)"),
+    "repetition_penalty": (float, lambda v: 0.5 <= v <= 3, "a number from 0.5 to 3 (1 = off)"),
+    "presence_penalty": (float, lambda v: -2 <= v <= 2, "a number from -2 to 2 (0 = off)"),
+    "frequency_penalty": (float, lambda v: -2 <= v <= 2, "a number from -2 to 2 (0 = off)"),
+    "repeat_last_n": (int, lambda v: 1 <= v <= 1024, "an integer from 1 to 1024"),
     "max_new_tokens": (int, lambda v: v >= 1, "an integer >= 1"),
     "low_water": (float, lambda v: 0 < v <= 1, "a number in (0, 1] (1 = drop just enough for the turn)"),
 }
+SAMPLER = ("temperature", "top_k", "top_p", "seed", "min_p", "repetition_penalty", "presence_penalty",
+           "frequency_penalty", "repeat_last_n")
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(Settings) if f.name in SETTINGS}
 
 

@@ -59,6 +59,7 @@ class Manifest:
     gguf_name: str
     gguf_size: int
     gguf_sha256: str
+    base: bool = False   # a pretrained (base) model: it continues text, it was not tuned to chat
 
     # The first (for the default model, the only) wheel's fields, as callers and hints name them.
     @property
@@ -99,7 +100,7 @@ def manifest(name: str | None = None) -> Manifest:
         parts = (Part(data["package"], data["version"], data["wheel"], data["wheel_size"], data["sha256"],
                       data["gguf_member"]),)
     gguf_name = data.get("gguf_name", Path(parts[0].member).name)
-    return Manifest(data["name"], parts, gguf_name, data["gguf_size"], data["gguf_sha256"])
+    return Manifest(data["name"], parts, gguf_name, data["gguf_size"], data["gguf_sha256"], bool(data.get("base")))
 
 
 def model_dir(name: str | None = None) -> Path:

@@ -300,11 +300,22 @@ class ChatStore:
     def list(self, limit: int = 500) -> list[ChatSummary]:
         """Most recently updated first."""
         with self._guard("list the chats") as db:
-            rows = db.execute(f"SELECT c.id, c.title, c.model, c.updated, COUNT(m.seq), {DAMAGED_SQL} FROM chats c"
+            # messages as /edit N and the transcript number them: the user's (each with its reply)
+            rows = db.execute("SELECT c.id, c.title, c.model, c.updated, COUNT(CASE m.role WHEN 'user' THEN 1 END)"
+                              f", {DAMAGED_SQL} FROM chats c"
                               " LEFT JOIN messages m ON m.chat_id = c.id GROUP BY c.id"
                               " ORDER BY c.updated DESC, c.id DESC LIMIT ?", (limit,)).fetchall()
         return [ChatSummary(i, str(t), str(m), u if isinstance(u, float | int) else 0.0, n, bool(d))
                 for i, t, m, u, n, d in rows]
+
+    def search(self, query: str) -> set[int]:
+        """The chats whose title or any message holds `query` (case-insensitive for ASCII)."""
+        like = "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        with self._guard("search the chats") as db:
+            rows = db.execute("SELECT DISTINCT c.id FROM chats c LEFT JOIN messages m ON m.chat_id = c.id"
+                              " WHERE c.title LIKE ?1 ESCAPE '\\' OR m.content LIKE ?1 ESCAPE '\\'",
+                              (like,)).fetchall()
+        return {r[0] for r in rows}
 
     def latest_id(self, exclude: int | None = None) -> int | None:
         with self._guard("read the chats") as db:

@@ -22,15 +22,17 @@ from safetensors import SafetensorError
 from chatapp.chat.commands import parse_chat_id, parse_command, run_handler
 from chatapp.chat.edit import check_edit, rewind_and_send
 from chatapp.chat.events import CacheState, Error, Event, Info, Restored, Saved, Trimmed, TurnStats
+from chatapp.chat.presets import Presets, preset_command
 from chatapp.chat.session import Session
 from chatapp.store import rollback
 from chatapp.store.branch import keep_branch
+from chatapp.store.chat_model import drop, session_for
 from chatapp.store.database import ChatChanged, ChatData, ChatStore, StoreError, describe
 from chatapp.store.export import ExportedChat, export
 from chatapp.store.identity import Fingerprint, ModelIdentity, tokenizer_fingerprint
 from chatapp.store.reopen import restore, stored_messages
 from chatapp.store.snapshots import SnapshotWriter, snapshot_bytes
-from chatapp.store.switch import Loader, one_line, switch
+from chatapp.store.switch import Loader, adopt, lm_device, one_line, release_memory, switch
 from model.errors import UserError
 
 SNAPSHOT_BUDGET = 4 << 30  # snapshots of older chats are pruned past this; those chats re-prefill
@@ -73,6 +75,7 @@ class ChatKeeper:
         self.ephemeral = False
         self.said_read_only = False
         self.loader: Loader | None = None  # /model's: launch loads with the flags' device and dtype
+        self.presets = Presets()  # launch gives it the config's and the saved ones
 
     # --- what faces call ----------------------------------------------------------
     def send(self, text: str) -> Iterator[Event]:
@@ -309,19 +312,26 @@ class ChatKeeper:
         chat = self.store.get(chat_id)
         if chat is None:
             raise StoreError(f"no stored chat {chat_id}")
-        ident = self.identity()
         folder = self.store.snapshot_dir(chat_id)
-        checkpoint = rollback.take(self)
-        try:
-            self.restored = restore(self.session, chat, ident, folder)
-        except BaseException as e:  # after the adopt step: put this chat back before saying anything
-            rollback.put_back(self, checkpoint)
-            if not isinstance(e, Exception):
-                raise  # Ctrl+C: the chat is back as it was, and the interrupt goes on
-            if isinstance(e, StoreError):
-                raise
-            here = f"still in chat #{self.chat_id}" if self.chat_id is not None else "this chat is unchanged"
-            raise StoreError(f"chat {chat_id} could not be opened ({one_line(e)}); {here}") from None
+        new, note = session_for(self, chat)  # the chat's own model (chatapp/store/chat_model.py)
+        if new is None:
+            self.restored = self._restore_here(chat_id, chat, folder)
+        else:  # a session of its own: a failure leaves this one untouched
+            try:
+                restored = restore(new, chat, Fingerprint(new.lm).get(), folder)
+            except Exception as e:
+                drop(new)
+                if isinstance(e, StoreError):
+                    raise
+                raise StoreError(f"chat {chat_id} could not be opened ({one_line(e)}); {self._where()}") from None
+            old_device = lm_device(self.session.lm)
+            adopt(self, new)
+            del new
+            release_memory(old_device)
+            self.restored = restored
+        if note:
+            detail = "; ".join(filter(None, (note, self.restored.detail)))
+            self.restored = dataclasses.replace(self.restored, detail=detail)
         self.detach()
         self.chat_id, self.title, self.created = chat_id, chat.title, chat.created
         # a damaged row's text may not read back as stored (bytes): nothing to compare a save with
@@ -333,6 +343,23 @@ class ChatKeeper:
             # as stored: nothing to say until it changes (a damaged row is rewritten only by the user's next change)
             self.saved_sig = self.signature()
         return self.restored, [e for e in self.autosave() if isinstance(e, Error)]
+
+    def _where(self) -> str:
+        return f"still in chat #{self.chat_id}" if self.chat_id is not None else "this chat is unchanged"
+
+    def _restore_here(self, chat_id: int, chat: ChatData, folder) -> Restored:
+        """Restore `chat` into this session as a transaction (chatapp/store/rollback.py): on any
+        failure after the adopt step the chat this window held is put back before the error."""
+        checkpoint = rollback.take(self)
+        try:
+            return restore(self.session, chat, self.identity(), folder)
+        except BaseException as e:
+            rollback.put_back(self, checkpoint)
+            if not isinstance(e, Exception):
+                raise  # Ctrl+C: the chat is back as it was, and the interrupt goes on
+            if isinstance(e, StoreError):
+                raise
+            raise StoreError(f"chat {chat_id} could not be opened ({one_line(e)}); {self._where()}") from None
 
     def follow_rename(self) -> None:
         """The chats screen renames straight in the store: take the open chat's title from there,
@@ -376,6 +403,15 @@ class ChatKeeper:
     def attach_text(self, text: str) -> Iterator[Event]:
         """A paste too large for the input box: attached to the next message, as /file does."""
         yield from run_handler(self.session.attach_text, text)
+    def preset(self, arg: str) -> Iterator[Event]:
+        """`/preset ...` (chatapp/chat/presets.py); choosing one starts a new chat, as /system does."""
+        yield from self._track(preset_command(self.presets, arg, self.session.system, self.session.set_system))
+
+    def theme(self, _arg: str) -> Iterator[Event]:
+        """The TUI serves /theme itself; here (headless) there is nothing to colour."""
+        raise UserError("/theme: themes belong to the TUI; headless mode draws nothing")
+        yield  # a generator, like every handler
+
     def switch_model(self, spec: str) -> Iterator[Event]:
         """`/model SPEC`: the same chat on another model (chatapp/store/switch.py)."""
         yield from switch(self, spec)

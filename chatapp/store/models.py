@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chatapp.pull.fetch import default_model_dir, is_installed, manifest
+from chatapp.pull.resolve import pullable, pulled_name
 from chatapp.store.tempfiles import write_atomic
 from model.errors import UserError
 from model.files import read_bytes
@@ -31,7 +32,10 @@ def canonical(spec: str) -> str:
     """A spec that means the same from any directory: paths absolute, the rest as typed."""
     if spec == DEFAULT or spec.startswith(("random:", "nanochat:")):
         return spec
-    return str(Path(spec).expanduser().resolve())
+    path = Path(spec).expanduser()
+    if not path.exists() and (name := pullable(spec)):  # a pulled model by its name: as resolve records it
+        return name
+    return pulled_name(path.resolve()) or str(path.resolve())
 
 
 def recent(root: Path) -> list[str]:
@@ -68,9 +72,14 @@ def cached_models() -> list[ModelChoice]:
     found = []
     for kind, folder in (("pulled", root / "models"), ("converted from GGUF", root / "gguf")):
         dirs = sorted(folder.iterdir()) if folder.is_dir() else []
-        found += [ModelChoice(str(d), d.name, kind) for d in dirs
+        found += [ModelChoice(pulled_name(d) or str(d), d.name, kind + base_note(pulled_name(d))) for d in dirs
                   if d != default and not d.name.startswith(".") and (d / "config.json").is_file()]
     return found
+
+
+def base_note(name: str | None) -> str:
+    """A pulled base model says so: it continues text rather than answering as a chat model."""
+    return "; a base model: it continues text, it is not tuned to chat" if name and manifest(name).base else ""
 
 
 def choices(root: Path | None) -> list[ModelChoice]:

@@ -141,7 +141,9 @@ def conversation(session: Session, chat: ChatData) -> tuple[list[int], list[Exch
 def apply_settings(session: Session, chat: ChatData) -> None:
     known = {f.name for f in dataclasses.fields(Settings)}
     values = {k: v for k, v in chat.settings.items() if k in known}
-    session.settings = Settings(**{**values, "system": chat.system})
+    # A default system prompt stays the model's (None), so /model gives the next model its own.
+    default = values.get("system", "") is None and chat.system == session.template.default_system
+    session.settings = Settings(**{**values, "system": None if default else chat.system})
 
 
 def restore(session: Session, chat: ChatData, identity: ModelIdentity, folder: Path | None) -> Restored:

@@ -25,7 +25,9 @@ import torch
 from chatapp.chat.events import Event, Info, ModelSwitched
 from chatapp.chat.session import Session
 from chatapp.chat.trim import reprefill
+from chatapp.pull.fetch import DEFAULT as DEFAULT_MODEL
 from chatapp.pull.fetch import ensure_default_model
+from chatapp.pull.resolve import resolve
 from chatapp.store.database import ChatData
 from chatapp.store.identity import Fingerprint
 from chatapp.store.models import DEFAULT, choices, remember
@@ -55,11 +57,11 @@ def conversation_text(s: Session, system: str) -> ChatData:
     return ChatData("", s.lm.name, "", "", {}, system, [], 0, stored_messages(s))
 
 
-def carried(old: Session, lm: LoadedModel) -> tuple[Session, int]:
+def carried(old: Session, lm: LoadedModel, spec: str | None = None) -> tuple[Session, int]:
     """A session on `lm` holding `old`'s conversation, nothing of it cached yet, and how many
     exchanges left the context to make it fit. UserError: the system prompt leaves no room.
     An explicit system prompt is kept; a default one (settings.system None) follows the new model."""
-    new = Session(lm, dataclasses.replace(old.settings), context=old.context)
+    new = Session(lm, dataclasses.replace(old.settings, model=spec), context=old.context)
     text = conversation_text(old, new.system)
     tokens, exchanges = rendered_conversation(new, text)
     new.adopt(tokens, exchanges, archived(text))
@@ -91,12 +93,17 @@ def list_models(keeper: ChatKeeper) -> Iterator[Event]:
                {"model": keeper.session.lm.name, "models": [dataclasses.asdict(c) for c in found]})
 
 
-def load(keeper: ChatKeeper, spec: str) -> LoadedModel:
-    """The new model, or UserError in one line. `default` pulls the default model first
-    (quietly: a progress bar on stderr would tear the TUI's screen)."""
+def load(keeper: ChatKeeper, spec: str) -> tuple[LoadedModel, str]:
+    """The new model and the spec the chat records (chatapp/pull/resolve.py), or UserError in one
+    line. A pullable model is pulled first if need be (quietly: a progress bar on stderr would
+    tear the TUI's screen)."""
     try:
-        path = str(ensure_default_model(progress=lambda _p: None)) if spec == DEFAULT else spec
-        return (keeper.loader or same_options(keeper.session.lm))(path)
+        if spec == DEFAULT:
+            path, named = str(ensure_default_model(progress=lambda _p: None)), DEFAULT_MODEL
+        else:
+            r = resolve(spec, progress=lambda _p: None)
+            path, named = r.path, r.spec
+        return (keeper.loader or same_options(keeper.session.lm))(path), named
     except Exception as e:  # whatever the loader raises, the chat stays on the old model
         raise UserError(f"/model: could not load {spec} ({one_line(e)}); still on {keeper.session.lm.name}") \
             from None
@@ -110,11 +117,11 @@ def switch(keeper: ChatKeeper, spec: str) -> Iterator[Event]:
     previous = keeper.session.lm.name
     yield Info(f"loading {spec}…", {"loading": spec})
     t0 = time.perf_counter()
-    lm = load(keeper, spec)
+    lm, named = load(keeper, spec)
     t1 = time.perf_counter()
     new, failure = None, ""
     try:
-        new, dropped = carried(keeper.session, lm)
+        new, dropped = carried(keeper.session, lm, named)
         yield from reprefill(new.gen, new.tokens[new.cache.pos:], "model", new.lm.name)
     except Exception as e:  # too long a system prompt, out of memory: the old chat is untouched
         failure = f"/model: {spec} cannot take this chat ({one_line(e)}); still on {previous}"
@@ -129,7 +136,7 @@ def switch(keeper: ChatKeeper, spec: str) -> Iterator[Event]:
     del lm, new  # the keeper's reference is the one left: the old session can go
     release_memory(device)
     if keeper.store is not None and not keeper.store.read_only:
-        remember(keeper.store.root, spec)
+        remember(keeper.store.root, named)
     yield from keeper.commit()
     s = keeper.session
     yield ModelSwitched(s.lm.name, previous, len(s.exchanges), dropped, s.cache.pos, s.cache.pos,

@@ -27,6 +27,7 @@ from chatapp.chat.events import (
     Error,
     Event,
     Info,
+    Prefilling,
     Quit,
     Restored,
     Saved,
@@ -34,6 +35,9 @@ from chatapp.chat.events import (
     Trimmed,
     TurnStats,
 )
+from chatapp.chat.figures import human_ms
+from chatapp.config import load_config
+from chatapp.options import FlagError
 from chatapp.tui.bridge import Gate, Loaded, LoadFailed, LoadProgress, SessionEvent, TextBatch, TurnFinished, pump
 from chatapp.tui.cache_panel import CachePanel, read_memory
 from chatapp.tui.chats_screen import ChatAction, ChatsScreen
@@ -41,10 +45,12 @@ from chatapp.tui.clipboard import CodeTranscript, copy_text
 from chatapp.tui.editing import Editing
 from chatapp.tui.input import ChatInput
 from chatapp.tui.model_screen import ModelSwitching
+from chatapp.tui.prefill_watch import PrefillWatch
 from chatapp.tui.screens import ErrorScreen, HelpScreen
+from chatapp.tui.token_count import TokenCount
 from chatapp.tui.transcript import LoadStatus, Transcript
 from chatapp.tui.visible import visible
-from model.errors import UserError
+from model.errors import ModelLoadError, UserError
 
 if TYPE_CHECKING:  # the keeper imports torch, which must not delay the first frame
     from chatapp.store.keeper import ChatKeeper
@@ -54,14 +60,26 @@ Opener = Callable[[argparse.Namespace, Callable[[object], None]], "ChatKeeper"]
 PANEL_REFRESH_S = 0.25  # the panel updates at least 4 times a second while the model writes
 
 
-class ChatApp(ModelSwitching, Editing):
+CHAT_ACTIONS = {"stop", "chats", "copy_reply", "help"}
+
+
+def failure_title(e: Exception) -> str:
+    """The error screen's title: what could not happen (the line below says why)."""
+    if isinstance(e, FlagError):
+        return "A setting is not valid"
+    if isinstance(e, ModelLoadError) or type(e).__name__ == "PullError":
+        return "The model could not be loaded"
+    return "nanochat-tui could not start"
+
+
+class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
     CSS_PATH = "app.tcss"
     TITLE = "nanochat-tui"
     # Below 80 columns the 38-column cache panel would squeeze the chat (at 42 the input box
     # had no columns left and Textual crashed drawing it): the chat gets the whole width.
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (80, "-wide")]
     BINDINGS = [
-        Binding("escape", "stop", "Stop reply"),
+        Binding("escape", "stop", "Stop reply"),  # CHAT_ACTIONS below: the ones the error screen hides
         Binding("f1", "help", "Help"),
         Binding("ctrl+o", "chats", "Chats"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
@@ -117,7 +135,20 @@ class ChatApp(ModelSwitching, Editing):
         await self.transcript.mount(LoadStatus(f"Loading {spec}…"))
         self.panel_timer = self.set_interval(PANEL_REFRESH_S, self.refresh_panel, pause=True)
         self.input.cursor_blink = not self.stable  # a blinking cursor would make snapshots flaky
+        self.config_theme()
         self.load_session()
+
+    def config_theme(self) -> None:
+        """The config file's theme (chatapp/config.py). A bad file is the load worker's to report."""
+        try:
+            name = load_config().theme
+        except UserError:
+            return
+        if name and name in self.available_themes:
+            self.theme = name
+        elif name:
+            self.load_warnings.append(f"config file: no theme {name!r}; themes: "
+                                      f"{', '.join(sorted(self.available_themes))}")
 
     # --- loading -------------------------------------------------------------------
     @work(thread=True, exit_on_error=False)
@@ -127,7 +158,7 @@ class ChatApp(ModelSwitching, Editing):
             opener = self.opener or self.open_chat
             chat = opener(self.args, lambda p: self.post_message(LoadProgress(p)))
         except UserError as e:
-            self.post_message(LoadFailed(str(e)))
+            self.post_message(LoadFailed(str(e), failure_title(e)))
         except Exception as e:  # a failed load is shown as one line, never a traceback
             self.post_message(LoadFailed(f"{type(e).__name__}: {e}"))
         else:
@@ -150,7 +181,7 @@ class ChatApp(ModelSwitching, Editing):
         self.sub_title = "no model"
         await self.transcript.query(LoadStatus).remove()
         await self.transcript.notice(msg.text, "error")
-        self.push_screen(ErrorScreen(msg.text))
+        self.push_screen(ErrorScreen(msg.text, msg.title))
 
     async def on_loaded(self, msg: Loaded) -> None:
         keeper = msg.chat
@@ -190,6 +221,23 @@ class ChatApp(ModelSwitching, Editing):
         self.start_turn(partial(self.keeper.send, text), "send")
         return True
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """On the error screen the chat's keys do nothing: the footer leaves them out."""
+        if isinstance(self.screen, ErrorScreen) and action in CHAT_ACTIONS:
+            return False
+        return True
+
+    def action_themes(self, name: str = "") -> None:
+        """`/theme` alone: Textual's theme picker; `/theme NAME`: that theme, or a line listing them."""
+        if not name:
+            self.action_change_theme()
+        elif name in self.available_themes:
+            self.theme = name
+            self.notify(f"Theme {name}. Put theme = \"{name}\" in the config file to keep it.")
+        else:
+            self.notify(f"/theme: no theme {name!r}; themes: {', '.join(sorted(self.available_themes))}",
+                        severity="error")
+
     async def command(self, line: str) -> bool:
         """A command the screen serves itself (its table entry names the action) runs here; the
         rest go to the keeper, which reports malformed ones in the same words as headless mode."""
@@ -197,7 +245,9 @@ class ChatApp(ModelSwitching, Editing):
             cmd = parse_command(line)
         except UserError:
             cmd = None
-        if cmd is not None and cmd.spec.screen and not cmd.arg:
+        if cmd is not None and cmd.spec.tui:
+            getattr(self, f"action_{cmd.spec.screen}")(cmd.arg)
+        elif cmd is not None and cmd.spec.screen and not cmd.arg:
             getattr(self, f"action_{cmd.spec.screen}")()
         else:
             self.start_turn(partial(self.keeper.run_command, line), "command")
@@ -215,6 +265,7 @@ class ChatApp(ModelSwitching, Editing):
 
     def start_turn(self, events: Callable[[], Iterator[Event]], kind: str) -> None:
         self.busy, self.turn_kind = True, kind
+        self.watch_start()
         self.panel_timer.resume()
         self.gate = Gate()
         self.run_turn(events, self.gate)
@@ -226,11 +277,14 @@ class ChatApp(ModelSwitching, Editing):
     # --- session events ----------------------------------------------------------------
     async def on_text_batch(self, msg: TextBatch) -> None:
         self.batches += 1
+        self.watch_end()  # the first text: the prefill is over
         await (await self.transcript.reply()).write(msg.text, msg.thinking)
         self.call_after_refresh(self.gate.drawn)
 
     async def on_session_event(self, msg: SessionEvent) -> None:
         ev, t = msg.event, self.transcript
+        if not isinstance(ev, Prefilling):
+            self.watch_end()  # the prefill is over (or a trim's own progress shows it)
         self.panel.show_progress(ev)  # a re-prefill (trim or /model): its progress row
         match ev:
             case ToolCall():
@@ -243,7 +297,7 @@ class ChatApp(ModelSwitching, Editing):
             case Trimmed():
                 t.mark_dropped(ev.dropped_exchanges)
                 await t.notice(f"Context full: dropped the {ev.dropped_exchanges} oldest exchange(s) and "
-                               f"re-prefilled {ev.reprefilled_tokens} tokens in {ev.reprefill_ms:,.0f} ms.",
+                               f"re-prefilled {ev.reprefilled_tokens} tokens in {human_ms(ev.reprefill_ms)}.",
                                "warning")
             case Info():
                 await t.notice(ev.text)
@@ -253,7 +307,8 @@ class ChatApp(ModelSwitching, Editing):
                 self.action_quit()
             case Copied():
                 copy_text(self, ev.text, f"reply {ev.reply} of {ev.of}")
-            case Restored():  # a stored chat is now the session's
+            case Restored():  # a stored chat is now the session's (on its own model, maybe)
+                self.show_markers()
                 await self.show_history()
                 self.panel.clear_turns()
                 await t.notice(f"Opened chat #{ev.chat} {ev.title}: {ev.line}.", "dim")
@@ -322,6 +377,7 @@ class ChatApp(ModelSwitching, Editing):
         if self.quitting:
             self.exit()
         self.busy = False
+        self.watch_end()
         self.inputs_done += 1
         self.panel_timer.pause()
         self.refresh_panel()
@@ -333,6 +389,7 @@ class ChatApp(ModelSwitching, Editing):
         if self.session is not None:
             stats = self.session.stats()
             self.panel.show_stats(stats, read_memory(stats["device"]))
+            self.watch(stats)
 
     # --- actions -----------------------------------------------------------------------
     def action_stop(self) -> None:
@@ -376,7 +433,12 @@ class ChatApp(ModelSwitching, Editing):
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         for spec in TABLE:
-            yield SystemCommand(spec.usage, spec.help, partial(self.palette_command, spec))
+            help = spec.help_for(True) + (f" ({spec.key})" if spec.key else "")
+            yield SystemCommand(spec.usage, help, partial(self.palette_command, spec))
+        presets = self.keeper.presets.all() if self.keeper is not None else {}
+        for name, text in sorted(presets.items()):
+            yield SystemCommand(f"Preset: {name}", f"a new chat with this system prompt: {' '.join(text.split())[:80]}",
+                                partial(self.submit, f"/preset {name}"))
         yield SystemCommand("Chats", "the stored chats: open, rename, delete, new (Ctrl+O)", self.action_chats)
         yield SystemCommand("Switch model…", "the default model, the pulled ones, recent ones: the chat carries over",
                             self.action_models)
@@ -401,7 +463,8 @@ class ChatApp(ModelSwitching, Editing):
     def show_attached(self) -> None:
         """The input box's border names the files waiting for the next message."""
         att = self.session.attached if self.session is not None else None
-        self.input.border_subtitle = visible(f"attached: {att.summary}") if att and att.files else ""
+        parts = [f"attached: {att.summary}" if att and att.files else "", self.input_tokens()]
+        self.input.border_subtitle = visible(" · ".join(p for p in parts if p))
 
     def mark_attached(self) -> None:
         """The message on screen names the files it carries (the session adds them when it sends)."""

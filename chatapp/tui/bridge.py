@@ -66,9 +66,9 @@ class LoadProgress(Message):
 class LoadFailed(Message):
     """From the load worker: one readable line."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, title: str = "The model could not be loaded") -> None:
         super().__init__()
-        self.text = text
+        self.text, self.title = text, title
 
 
 class Gate:

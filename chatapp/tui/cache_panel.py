@@ -16,6 +16,7 @@ from textual.content import Content
 from textual.widgets import Label, ProgressBar, Sparkline, Static
 
 from chatapp.chat.events import Event, Prefilling, TurnStats
+from chatapp.chat.figures import human_bytes, human_ms, human_rate
 from chatapp.tui.visible import visible
 
 LABEL_WIDTH = 14
@@ -40,22 +41,14 @@ def read_memory(device: str) -> Memory:
     return mem
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
 class Row(Static):
     """`label     value`, one line; the value is plain text, never markup.
 
     A row never changes size (one line, cut with an ellipsis), so an update repaints it
     without a relayout of the screen: the panel refreshes 4 times a second while decoding."""
 
-    def __init__(self, label: str, id: str) -> None:
-        super().__init__(id=id)
+    def __init__(self, label: str, id: str, wrap: bool = False) -> None:
+        super().__init__(id=id, classes="wrap" if wrap else "")
         self.label = label
         self.value = ""
         self.set("—")
@@ -64,11 +57,15 @@ class Row(Static):
         if value == self.value:
             return  # most rows never change: skip the relayout
         self.value = value
-        self.update(Content.assemble((f"{self.label:<{LABEL_WIDTH}}", "dim"), visible(value)), layout=False)
+        self.update(Content.assemble((f"{self.label:<{LABEL_WIDTH}}", "dim"), visible(value)),
+                    layout=self.has_class("wrap"))
 
 
 class CachePanel(VerticalScroll):
-    """Shown at the right of the chat; every field has an id so tests can read it."""
+    """Shown at the right of the chat; every field has an id so tests can read it. It takes no
+    focus (the mouse wheel still scrolls it), so one Tab from the input reaches the transcript."""
+
+    can_focus = False
 
     def __init__(self, stable: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -77,7 +74,7 @@ class CachePanel(VerticalScroll):
         self.border_title = "KV cache"
 
     def compose(self) -> ComposeResult:
-        yield Row("model", "model")
+        yield Row("model", "model", wrap=True)  # a long name wraps rather than losing its end
         yield Static("", id="restore", classes="hint")
         yield Row("device", "device")
         yield Row("backend", "backend")
@@ -85,14 +82,15 @@ class CachePanel(VerticalScroll):
         yield ProgressBar(id="fill", show_eta=False)
         yield Row("re-prefill", "reprefill")  # shown only while a trim refills the cache
         yield Row("shape", "shape")
-        yield Label("(layers, B, T, H, D)", classes="hint")
-        yield Row("dtype", "dtype")
+        yield Label("layers×B×T×H×D", classes="hint")
+        yield Row("KV dtype", "dtype")
+        yield Row("weights", "weights")
         yield Row("KV in use", "kv_used")
         yield Row("KV allocated", "kv_allocated")
         yield Row("process RSS", "rss")
         yield Row("cuda alloc", "cuda_allocated")
         yield Row("cuda reserved", "cuda_reserved")
-        yield Label("last turn", classes="section")
+        yield Label("last turn", classes="section", id="turn-section")
         yield Row("prefill", "prefill")
         yield Row("cached", "cached")
         yield Row("TTFT", "ttft")
@@ -112,8 +110,9 @@ class CachePanel(VerticalScroll):
         self.row("backend").set(stats["backend"].upper())
         self.row("cache_seqlens").set(f"{pos} / {cap}")
         self.query_one("#fill", ProgressBar).update(total=cap, progress=pos)
-        self.row("shape").set("(" + ", ".join(map(str, stats["shape"])) + ")")
+        self.row("shape").set("×".join(map(str, stats["shape"])))
         self.row("dtype").set(stats["dtype"])
+        self.row("weights").set(stats.get("weights", "—"))
         self.row("kv_used").set(human_bytes(stats["kv_bytes_used"]))
         self.row("kv_allocated").set(human_bytes(stats["kv_bytes_allocated"]))
         cuda = memory is not None and memory.cuda_allocated is not None
@@ -140,6 +139,19 @@ class CachePanel(VerticalScroll):
         if isinstance(ev, Prefilling):
             row.set(f"{ev.done} / {ev.total} tokens ({ev.reason})")
 
+    def show_inflight(self, done: int, total: int, waited_s: float) -> None:
+        """The turn in flight, while it prefills: its figures, not the last turn's."""
+        if done >= total:
+            return  # decoding: the last turn's figures stay until this one's arrive
+        self.query_one("#turn-section", Label).update("this turn")
+        self.row("prefill").set(f"{done:,} / {total:,}")
+        self.row("cached").set("—")
+        self.row("ttft").set(HIDDEN if self.stable else f"waiting {human_ms(waited_s * 1000)}")
+        self.row("speed").set("—")
+
+    def show_last_turn(self) -> None:
+        self._show_turns()
+
     def show_turn(self, st: TurnStats) -> None:
         self.turn_stats.append(st)
         self._show_turns()
@@ -157,16 +169,17 @@ class CachePanel(VerticalScroll):
 
     def _show_turns(self) -> None:
         """The last turn's figures (blanks when there is none) and the prefill history."""
+        self.query_one("#turn-section", Label).update("last turn")
         last = {}
         if self.turn_stats:
             st = self.turn_stats[-1]
             trim = f"{st.prefill_tokens} ({st.reprefilled_tokens} by trim)"  # the trim's re-prefill counts in
             prefill = trim if st.reprefilled_tokens else f"{st.prefill_tokens} new"
             last = {"prefill": prefill, "cached": f"{st.cached_before} reused",
-                    "ttft": HIDDEN if self.stable else f"{st.ttft_ms:.1f} ms",
-                    "speed": HIDDEN if self.stable else f"{st.tokens_per_s:.1f} tok/s"}
+                    "ttft": HIDDEN if self.stable else human_ms(st.ttft_ms),
+                    "speed": HIDDEN if self.stable else human_rate(st.tokens_per_s)}
         for id in ("prefill", "cached", "ttft", "speed"):
             self.row(id).set(last.get(id, "—"))
         p = [st.prefill_tokens for st in self.turn_stats]
-        self.row("turns").set(f"{len(p)}, max {max(p)}, last {p[-1]}" if p else "—")
+        self.row("turns").set(f"{len(p)}, max {max(p)}" if p else "—")  # the last: the prefill row
         self.query_one("#history", Sparkline).data = p[-HISTORY:]

@@ -39,12 +39,14 @@ class ChatsScreen(Screen[ChatAction | None]):
         Binding("n", "new", "New chat"),
         Binding("r", "rename", "Rename"),
         Binding("d", "delete", "Delete"),
+        Binding("slash", "search", "Search"),
         Binding("escape", "close", "Back", priority=True),
     ]
     DEFAULT_CSS = """
     ChatsScreen #chats-box { padding: 1 2; }
     ChatsScreen #chats-title { text-style: bold; margin-bottom: 1; }
     ChatsScreen DataTable { height: 1fr; }
+    ChatsScreen #search { margin-bottom: 1; }
     ChatsScreen #rename { display: none; }
     ChatsScreen #rename.editing { display: block; }
     ChatsScreen .hint { color: $text-muted; margin-top: 1; }
@@ -58,6 +60,7 @@ class ChatsScreen(Screen[ChatAction | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="chats-box"):
             yield Label("Chats", id="chats-title")
+            yield Input(id="search", placeholder="Search titles and messages (/ here, Enter to the list)")
             yield DataTable(cursor_type="row", zebra_stripes=True, id="chats")
             yield Input(id="rename", placeholder="New title (Enter saves, Esc cancels)")
             yield Label("Enter opens · n new chat · r rename · d delete · Esc back", id="chats-hint", classes="hint")
@@ -66,7 +69,7 @@ class ChatsScreen(Screen[ChatAction | None]):
     def on_mount(self) -> None:
         self.table.add_columns("id", "title", "model", "messages", "updated")
         self.reload()
-        self.table.focus()
+        self.table.focus()  # typing goes to the list's keys; / searches
 
     @property
     def table(self) -> DataTable:
@@ -76,12 +79,21 @@ class ChatsScreen(Screen[ChatAction | None]):
     def rename_box(self) -> Input:
         return self.query_one("#rename", Input)
 
+    @property
+    def search_box(self) -> Input:
+        return self.query_one("#search", Input)
+
     def reload(self, select: int | None = None) -> None:
+        query = self.search_box.value.strip()
         try:
             chats = self.store.list()
+            found = self.store.search(query) if query else None
         except StoreError as e:
             self.notify(str(e), severity="error")
-            chats = []
+            chats, found = [], None
+        total = len(chats)
+        if found is not None:
+            chats = [c for c in chats if c.id in found]
         self.table.clear()
         for c in chats:
             mark = (" (open)" if c.id == self.current else "") + (" (damaged)" if c.damaged else "")
@@ -90,9 +102,11 @@ class ChatsScreen(Screen[ChatAction | None]):
                                when(c.updated), key=str(c.id))
         if select is not None and str(select) in {str(c.id) for c in chats}:
             self.table.move_cursor(row=self.table.get_row_index(str(select)))
-        self.query_one("#chats-hint", Label).update(
-            "No stored chats yet: n starts one, Esc goes back." if not chats else
-            "Enter opens · n new chat · r rename · d delete · Esc back")
+        hint = ("No stored chats yet: n starts one, Esc goes back." if not total else
+                "Enter opens · n new chat · r rename · d delete · / search · Esc back")
+        if found is not None:
+            hint = f"{len(chats)} of {total} chats hold {query!r} · Esc clears the search · " + hint
+        self.query_one("#chats-hint", Label).update(Text(visible(hint)))
 
     def selected(self) -> int | None:
         if self.table.row_count == 0:
@@ -114,8 +128,18 @@ class ChatsScreen(Screen[ChatAction | None]):
     def action_close(self) -> None:
         if self.rename_box.has_class("editing"):
             self.end_rename()
+        elif self.search_box.value:
+            self.search_box.value = ""  # its Changed reloads the whole list
+            self.table.focus()
         else:
             self.dismiss(None)
+
+    def action_search(self) -> None:
+        self.search_box.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "search":
+            self.reload()
 
     def action_rename(self) -> None:
         if (chat_id := self.selected()) is None:
@@ -126,6 +150,9 @@ class ChatsScreen(Screen[ChatAction | None]):
         box.focus()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "search":
+            self.table.focus()
+            return
         chat_id = self.selected()
         if chat_id is not None:
             try:

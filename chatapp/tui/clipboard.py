@@ -36,9 +36,10 @@ class CodeTranscript(Transcript):
     }}
     """
     BINDINGS = [
-        Binding("left_square_bracket", "code(-1)", "Prev code", show=False),
-        Binding("right_square_bracket", "code(1)", "Next code", show=False),
-        Binding("c", "copy_code", "Copy code", show=False),
+        # shown in the footer while the transcript has focus: that is where a user learns them
+        Binding("left_square_bracket", "code(-1)", "Prev code"),
+        Binding("right_square_bracket", "code(1)", "Next code"),
+        Binding("c", "copy_code", "Copy code"),
     ]
 
     def __init__(self, **kwargs) -> None:

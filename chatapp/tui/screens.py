@@ -32,7 +32,7 @@ KEYS = [
 
 def help_content() -> Content:
     """Two aligned tables, commands then keys; the commands come from the one command table."""
-    commands = help_rows()
+    commands = help_rows(tui=True)
     width = max(len(name) for name in [*(u for u, _ in commands), *(k for k, _ in KEYS)]) + 2
     lines: list[Content] = [Content.styled("Commands", "bold")]
     lines += [Content.assemble((f"{usage:<{width}}", "bold $accent"), desc) for usage, desc in commands]
@@ -58,13 +58,13 @@ class ErrorScreen(Screen[None]):
 
     BINDINGS = [Binding("escape,q,enter", "app.quit", "Quit", show=False)]
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, title: str = "The model could not be loaded") -> None:
         super().__init__()
-        self.message = message
+        self.message, self.title_text = message, title
 
     def compose(self) -> ComposeResult:
         with Vertical(id="error"):
-            yield Label("The model could not be loaded", classes="title")
+            yield Label(self.title_text, classes="title")
             yield Static(Content(visible(self.message)), id="error-message")
             yield Label("Press q, Esc or Enter to quit.", classes="hint")
         yield Footer()

@@ -6,6 +6,7 @@ the right widgets), but it holds no conversation logic: the app tells it what ha
 
 from __future__ import annotations
 
+from markdown_it import MarkdownIt
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
@@ -14,6 +15,25 @@ from textual.widgets.markdown import MarkdownStream
 
 from chatapp.chat.events import ToolCall
 from chatapp.tui.visible import visible
+
+
+def hard_breaks(state) -> None:
+    """A markdown-it core rule: every soft break in inline text becomes a hard one."""
+    for token in state.tokens:
+        for child in token.children or ():
+            if child.type == "softbreak":
+                child.type, child.tag = "hardbreak", "br"
+
+
+def chat_markdown() -> MarkdownIt:
+    """Textual's parser, with single newlines kept as line breaks, as chat apps show a reply (a
+    model writes `Red\nBlue\nYellow` as three lines, not one paragraph). markdown-it's own
+    `breaks` option only changes its HTML renderer; Textual reads the tokens, so the rule
+    rewrites them. Code blocks, lists and tables parse as before."""
+    md = MarkdownIt("gfm-like")
+    md.core.ruler.push("hard_breaks", hard_breaks)
+    return md
+
 
 STOP_NOTES = {"cancel": "stopped (Esc)", "length": "cut at max_new_tokens", "error": "cut off (the server failed)"}
 
@@ -179,7 +199,7 @@ class Reply(Vertical):
 
     async def _open_segment(self) -> ReplyPiece:
         if self.open is None:
-            widget = Markdown()
+            widget = Markdown(parser_factory=chat_markdown)
             await self.mount(widget)
             self.open = ReplyPiece(widget)
             self.segments.append(self.open)
@@ -208,8 +228,13 @@ class Transcript(VerticalScroll, can_focus=True):
     def on_mount(self) -> None:
         self.anchor()
 
+    def next_number(self) -> int:
+        """The number the next message gets: the one /edit N and /copy N take (trimmed ones count)."""
+        return self.trimmed() + len(self.exchanges) + 1
+
     async def add_user(self, text: str) -> None:
         ex = ExchangeView(UserMessage(text))
+        ex.user.border_title = f"you #{self.next_number()}"
         self.exchanges.append(ex)
         await self.mount(ex.user)
 
@@ -222,7 +247,7 @@ class Transcript(VerticalScroll, can_focus=True):
         """The reply being written, started on first use."""
         if (r := self.open_reply()) is not None:
             return r
-        r = Reply(self.markers)
+        r = Reply(self.markers, f"assistant #{self.trimmed() + len(self.exchanges)}")
         self.exchanges[-1].reply = r
         await self.mount(r)
         return r
@@ -292,10 +317,10 @@ class Transcript(VerticalScroll, can_focus=True):
                 self.scroll_to_widget(ex.user, animate=False)
 
     async def cut_from(self, number: int) -> None:
-        """/edit: message `number` and everything after it leave the screen."""
+        """/edit: message `number` and everything after it leave the screen, notices and /stats
+        lines included: they described a conversation that no longer exists."""
         k = max(number - 1 - self.trimmed(), 0)
-        for ex in self.exchanges[k:]:
-            await ex.user.remove()
-            if ex.reply is not None:
-                await ex.reply.remove()
+        if k < len(self.exchanges):
+            children = list(self.children)
+            await self.remove_children(children[children.index(self.exchanges[k].user):])
         del self.exchanges[k:]
