@@ -41,15 +41,22 @@ async def test_messages_are_numbered_as_edit_takes_them_and_a_rewind_clears_what
 
 @pytest.mark.anyio
 async def test_a_long_prefill_shows_its_progress_and_the_turn_in_flight():
-    """A 900-token message, prefilled 32 tokens a chunk so it takes a while: the transcript's
-    bar and the panel's turn rows count the real cache as it fills, then give way to the reply
-    and the finished turn's figures."""
+    """A 900-token message, prefilled 32 tokens at a time with a pause after each piece, so it
+    lasts long enough to watch on any machine (the tiny model alone prefills it in a blink):
+    the transcript's bar and the panel's turn rows count the real cache as it fills, then give
+    way to the reply and the finished turn's figures."""
     from chatapp.tui.transcript import LoadStatus
 
     app = make_app("--no-store", "--temperature", "0", "--max-new-tokens", "2")
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        app.session.gen.prefill_chunk = 32
+        gen, real_prefill = app.session.gen, app.session.gen.prefill
+
+        def slow_prefill(ids: list[int]) -> None:   # the real prefill, piece by piece
+            for i in range(0, len(ids), 32):
+                real_prefill(ids[i:i + 32])
+                time.sleep(0.05)
+        gen.prefill = slow_prefill
         words = " ".join(f"w{i}" for i in range(200))
         assert 700 < len(app.session.tok.encode(words)) < app.session.message_room
         app.input.text = words

@@ -29,6 +29,8 @@ class RemoteKeeper:
         self.created = 0.0
         self.restored: Restored | None = None
         self.loader = None
+        self.saved_sig: tuple | None = None   # what the store holds of this chat (final_save asks)
+        self.last_error = ""
 
     def send(self, text: str) -> Iterator[Event]:
         yield from self._track(self.session.send(text))
@@ -83,10 +85,21 @@ class RemoteKeeper:
         return ChatData(self.title, s.lm.name, FINGERPRINT, FINGERPRINT, dataclasses.asdict(s.settings), s.system,
                         [], 0, msgs, self.chat_id, self.created)
 
+    def signature(self) -> tuple:
+        return self.title, [(ex.user, ex.reply) for ex in self.session.exchanges]
+
+    def unsaved(self) -> bool:
+        """The chat differs from what this window last stored (an empty new chat never counts)."""
+        return bool(self.session.exchanges or self.chat_id is not None) and self.signature() != self.saved_sig
+
+    def autosave(self) -> Iterator[Event]:
+        yield from self.commit()
+
     def commit(self, force: bool = False) -> Iterator[Event]:
         if self.store is None or self.store.read_only or not (force or self.session.exchanges or self.chat_id):
             return
         data = self.chat_data()
+        sig = self.signature()
         try:
             try:
                 self.chat_id = self.store.save(data)
@@ -94,7 +107,9 @@ class RemoteKeeper:
                 self.chat_id = None
                 self.chat_id = self.store.save(dataclasses.replace(data, id=None))
             self.created = self.created or data.created
+            self.saved_sig, self.last_error = sig, ""
         except StoreError as e:
+            self.last_error = str(e)
             yield Error(f"chat not saved: {e}; it stays open and the next save will catch up")
 
     def save(self, title: str) -> Iterator[Event]:

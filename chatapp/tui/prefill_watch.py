@@ -26,7 +26,8 @@ class PrefillWatch:
     prefill_bar: LoadStatus | None = None
 
     def watch_start(self) -> None:
-        self.watching = (time.monotonic(), self.session.cache.pos)
+        cache = getattr(self.session, "cache", None)   # a --backend session has no cache of ours to watch
+        self.watching = (time.monotonic(), cache.pos) if cache is not None else None
 
     def watch(self, stats: dict) -> None:
         if self.watching is None:
