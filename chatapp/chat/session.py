@@ -281,7 +281,7 @@ class Session:
             yield TextDelta(tail, thinking)
         t_end = time.perf_counter()
         ex.reply = self.tok.decode(self.tokens[ex.reply_start:])
-        ex.tool_calls = tools.calls
+        ex.tool_calls, ex.stop = tools.calls, stop
         if whole.is_whole(self):  # closed as the template closes it; the cache keeps what still matches
             whole.close(self, ex, self.tokens[ex.reply_start:])
         else:
