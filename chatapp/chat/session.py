@@ -27,6 +27,7 @@ from chatapp.chat.figures import stats_line, weights_format
 from chatapp.chat.respond import adopt_history, parse_messages
 from chatapp.chat.settings import Settings, parse_settings, settings_text
 from chatapp.chat.tools import ToolRunner
+from model.chat_formats.completion import MODE as COMPLETION_MODE
 from model.chat_formats.whole import Rendered
 from model.errors import UserError
 from model.generate import Generator
@@ -426,6 +427,8 @@ class Session:
              "weights": weights_format(self.lm.model), "device": str(c.device),
              "kv_bytes_used": c.bytes_used, "kv_bytes_allocated": c.bytes_allocated,
              "backend": self.lm.model.attn.name, "turns": self.turns, **self.settings.sampling_values()}
+        if getattr(self.template, "completion", False):  # only then: a chat model's figures stay as they were
+            d["mode"] = COMPLETION_MODE
         kept = [st for st in self.history if st.turn <= self.turns]  # an /undo takes its turn's figures too
         if kept:
             last = kept[-1]
