@@ -90,6 +90,20 @@ async def test_the_panel_and_the_picker_say_completion_mode(gguf_dir, home):
         await submit(pilot, "/retry")
         assert_invariant(app.session)
         assert app.transcript.exchanges[-1].reply is not None
+        pos, chat_id = app.session.cache.pos, app.keeper.chat_id
+
+    again = ChatApp(chat_parser().parse_args(["--model", str(gguf_dir / "tiny-base.gguf"), "--chat", str(chat_id),
+                                              "--temperature", "0", "--max-new-tokens", "4"]))
+    async with again.run_test(size=(120, 40)) as pilot:  # the store keeps a document like a chat
+        await ready(pilot)
+        s = again.session
+        assert again.keeper.restored.line == f"restored {pos} tokens from snapshot" and s.cache.pos == pos
+        assert again.panel.row("mode").value == "completion (base model)"
+        assert_invariant(s)
+        await submit(pilot, " and more")
+        assert s.history[-1].cached_before == pos
+        await submit(pilot, "/undo")
+        assert_invariant(s)
     notes = {c.label: c.note for c in cached_models()}
     assert any("base model" in n and "completion" in n for label, n in notes.items() if "tiny-base" in label)
     assert not any("base model" in n for label, n in notes.items() if "tiny-tuned" in label)
