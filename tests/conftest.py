@@ -61,3 +61,10 @@ def pulled(tmp_path_factory) -> Pulled:
                        env={**os.environ, "NANOCHAT_TUI_HOME": str(home)}, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return Pulled(home, Path(r.stdout.strip().splitlines()[-1]), time.perf_counter() - t0)
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (pyproject's addopts): at least two workers, since much of the suite waits on
+    subprocesses and I/O rather than the CPU, and at most four, since every worker holds its
+    own torch and models in memory."""
+    return max(2, min(4, os.cpu_count() or 1))
