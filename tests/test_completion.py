@@ -9,10 +9,11 @@ from base_gguf import write_named_gguf
 from test_session import assert_invariant
 from tui_pilot import endless, ready, submit
 
-from chatapp.chat.events import TurnStats
+from chatapp.chat.events import Error, TurnStats
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.cli import chat_parser
+from chatapp.store.keeper import ChatKeeper
 from chatapp.tui.app import ChatApp
 from model.chat_formats.completion import CompletionFormat, gguf_tuning
 from model.loading import LoadOptions, load_model
@@ -66,6 +67,10 @@ def test_a_base_model_continues_one_document_with_the_cache_kept(gguf_dir, home)
     list(s.run_command("/undo"))
     assert_invariant(s)
     assert len(s.exchanges) == 1 and lm.tokenizer.decode(s.tokens[1:]) == f"{texts[0]}{s.exchanges[0].reply}\n"
+    events = list(ChatKeeper(s, None).run_command("/edit 1 def f(x): return"))  # back to the start, continued
+    assert not [e for e in events if isinstance(e, Error)]
+    assert_invariant(s)
+    assert lm.tokenizer.decode(s.tokens[1:]) == f"def f(x): return{s.exchanges[0].reply}\n"
     assert s.stats()["mode"] == "completion (base model)"
 
 
