@@ -88,8 +88,11 @@ def test_greedy_reply_equals_transformers(ours, gguf_file):
     list(s.send("What is the capital of France?"))
     ex = s.exchanges[-1]
     mine = s.tokens[ex.reply_start:ex.end - len(ours.template.end_reply())]
-    assert s.tokens[:ex.reply_start] == ours.tokenizer.encode_rendered(
-        "<bos><start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n")
+    # The pretrained model (no template, its metadata names no tuning): completion mode, the text
+    # after <bos> and nothing else (issue 26: chat markers made it echo them).
+    assert s.stats()["mode"] == "completion (base model)" and not ours.template.default_system
+    tok = ours.tokenizer
+    assert s.tokens[:ex.reply_start] == [tok.bos_id, *tok.encode("What is the capital of France?")]
     with torch.no_grad():
         out = hf.generate(torch.tensor([s.tokens[:ex.reply_start]]), max_new_tokens=len(mine), do_sample=False,
                           eos_token_id=sorted(ours.template.stop_ids))[0, ex.reply_start:].tolist()

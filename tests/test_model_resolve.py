@@ -41,7 +41,7 @@ def test_a_pulled_name_resolves_the_same_from_every_side(pulled, tmp_path):
     assert resolve(str(pulled)).spec == "gemma3-270m"  # its folder is recorded by name: portable
     assert resolve("  Gemma3-270M ").spec == "gemma3-270m"
     listed = {c.spec: c.note for c in choices(tmp_path)}
-    assert listed["gemma3-270m"] == "pulled; a base model: it continues text, it is not tuned to chat"
+    assert listed["gemma3-270m"] == "pulled; a base model: completion mode (it continues your text; not tuned to chat)"
     assert resolve("random:tiny").spec == "random:tiny"
 
 

@@ -63,7 +63,9 @@ def arch_kvs(name: str, s: Shape, vocab: int) -> list[dict]:
           (f"{a}.attention.key_length", U32, s.head_dim), (f"{a}.attention.value_length", U32, s.head_dim),
           (f"{a}.rope.dimension_count", U32, s.head_dim), (f"{a}.rope.freq_base", F32, s.rope_base),
           (f"{a}.attention.layer_norm_rms_epsilon", F32, s.eps), (f"{a}.vocab_size", U32, vocab),
-          ("general.file_type", U32, 1)]
+          ("general.file_type", U32, 1),
+          # a stand-in for the tuned model: not a base model (model/chat_formats/completion.py), so it chats
+          ("general.finetune", STR, "Instruct")]
     return [{"key": k, "type": t, "sub": None, "val": v} for k, t, v in kv]
 
 

@@ -17,3 +17,4 @@ class Exchange:
     end: int = -1           # after the reply's closing tokens
     reply: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    stop: str = ""           # why the reply ended (TurnStats.stop); kept by the store, shown on reload

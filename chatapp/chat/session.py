@@ -27,6 +27,7 @@ from chatapp.chat.figures import stats_line, weights_format
 from chatapp.chat.respond import adopt_history, parse_messages
 from chatapp.chat.settings import Settings, parse_settings, settings_text
 from chatapp.chat.tools import ToolRunner
+from model.chat_formats.completion import MODE as COMPLETION_MODE
 from model.chat_formats.whole import Rendered
 from model.errors import UserError
 from model.generate import Generator
@@ -281,7 +282,7 @@ class Session:
             yield TextDelta(tail, thinking)
         t_end = time.perf_counter()
         ex.reply = self.tok.decode(self.tokens[ex.reply_start:])
-        ex.tool_calls = tools.calls
+        ex.tool_calls, ex.stop = tools.calls, stop
         if whole.is_whole(self):  # closed as the template closes it; the cache keeps what still matches
             whole.close(self, ex, self.tokens[ex.reply_start:])
         else:
@@ -426,6 +427,8 @@ class Session:
              "weights": weights_format(self.lm.model), "device": str(c.device),
              "kv_bytes_used": c.bytes_used, "kv_bytes_allocated": c.bytes_allocated,
              "backend": self.lm.model.attn.name, "turns": self.turns, **self.settings.sampling_values()}
+        if getattr(self.template, "completion", False):  # only then: a chat model's figures stay as they were
+            d["mode"] = COMPLETION_MODE
         kept = [st for st in self.history if st.turn <= self.turns]  # an /undo takes its turn's figures too
         if kept:
             last = kept[-1]

@@ -32,6 +32,7 @@ class RemoteExchange:
     user: str
     reply: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    stop: str = ""  # not stored for a remote chat: a reopened one shows no stop labels
 
 
 class PlainFormat:

@@ -24,7 +24,7 @@ from chatapp.store.tempfiles import sweep
 from chatapp.store.validate import DAMAGED_SQL, chat_row
 from model.errors import UserError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: messages.stop (a v1 store gains the column when opened writable)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -46,6 +46,7 @@ CREATE TABLE IF NOT EXISTS messages (
     content TEXT NOT NULL,
     token_ids TEXT NOT NULL,             -- JSON ids of this message's span of the token list
     tool_calls TEXT NOT NULL DEFAULT '[]',
+    stop TEXT NOT NULL DEFAULT '',       -- why a reply ended: end | length | cancel | error ('' = not known)
     PRIMARY KEY (chat_id, seq)
 );
 CREATE INDEX IF NOT EXISTS chats_by_update ON chats(updated);
@@ -86,6 +87,7 @@ class StoredMessage:
     content: str
     token_ids: list[int]
     tool_calls: list[dict] = field(default_factory=list)
+    stop: str = ""            # a reply's stop reason (TurnStats.stop); "" for user rows and v1 stores
 
 
 @dataclass
@@ -200,8 +202,31 @@ class ChatStore:
             self._try_wal()
             return
         self._try_wal()
+        if version == 1:
+            if not self.read_only:
+                self._upgrade_v1()
+            return
         # IF NOT EXISTS inside one transaction: two processes creating the store at once both win.
         self.db.executescript(f"BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+
+    def _upgrade_v1(self) -> None:
+        """A v1 store gains messages.stop (its rows: '', not known). A read-only one is read as it
+        is (`_stop_column` says so) and saving says why it cannot write."""
+        try:
+            self.db.executescript("BEGIN IMMEDIATE; ALTER TABLE messages ADD COLUMN stop TEXT NOT NULL DEFAULT '';"
+                                  f" PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+        except sqlite3.OperationalError as e:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            if "duplicate column" in str(e):  # another process upgraded it between our two reads
+                return
+            if "readonly" not in str(e) and "read-only" not in str(e) and "locked" not in str(e):
+                raise
+
+    def _stop_column(self, db: sqlite3.Connection) -> str:
+        """`stop`, or '' for a v1 store that could not be upgraded (read-only)."""
+        cols = {r[1] for r in db.execute("PRAGMA table_info(messages)").fetchall()}
+        return "stop" if "stop" in cols else "''"
 
     def _try_wal(self) -> None:
         try:
@@ -250,9 +275,14 @@ class ChatStore:
                                  " VALUES (?,?,?,?,?,?,?,?,?,?,?)", (*row, chat.created or now, now, chat.id))
                 chat.id, chat.created = cur.lastrowid, chat.created or now
             db.execute("DELETE FROM messages WHERE chat_id = ?", (chat.id,))
-            db.executemany("INSERT INTO messages VALUES (?,?,?,?,?,?)",
-                           [(chat.id, i, m.role, m.content, json.dumps(m.token_ids), json.dumps(m.tool_calls))
-                            for i, m in enumerate(chat.messages)])
+            rows = [(chat.id, i, m.role, m.content, json.dumps(m.token_ids), json.dumps(m.tool_calls), m.stop)
+                    for i, m in enumerate(chat.messages)]
+            if self._stop_column(db) == "stop":
+                db.executemany("INSERT INTO messages (chat_id, seq, role, content, token_ids, tool_calls, stop)"
+                               " VALUES (?,?,?,?,?,?,?)", rows)
+            else:  # a v1 store that stayed v1 (locked at open): saved as v1 saves, without the stops
+                db.executemany("INSERT INTO messages (chat_id, seq, role, content, token_ids, tool_calls)"
+                               " VALUES (?,?,?,?,?,?)", [r[:6] for r in rows])
             db.execute("COMMIT")
         chat.updated = now
         return chat.id
@@ -293,8 +323,8 @@ class ChatStore:
                              (chat_id,)).fetchone()
             if row is None:
                 return None
-            msgs = db.execute("SELECT role, content, token_ids, tool_calls FROM messages WHERE chat_id = ?"
-                              " ORDER BY seq", (chat_id,)).fetchall()
+            msgs = db.execute(f"SELECT role, content, token_ids, tool_calls, {self._stop_column(db)} FROM messages"
+                              " WHERE chat_id = ? ORDER BY seq", (chat_id,)).fetchall()
         return chat_row(row, msgs, ChatData, StoredMessage)  # every cell checked: a corrupt one is noted, never raised
 
     def list(self, limit: int = 500) -> list[ChatSummary]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from chatapp.chat.events import ToolCall
 from chatapp.store.database import StoreError
+from chatapp.store.export_files import relabel
 
 # The last line of every export (invisible in rendered Markdown): a file that ends with it may be
 # overwritten by a later /export; any other existing file is left alone.
@@ -32,7 +33,7 @@ def to_markdown(t: ExportedChat) -> str:
         head += ["## System", "", *quote(t.system), ""]
     body = []
     for user, reply, thinking, tools in t.turns:
-        body += ["## User", "", user.rstrip(), "", "## Assistant", ""]
+        body += ["## User", "", relabel(user).rstrip(), "", "## Assistant", ""]
         if thinking:  # folded, as the app shows it
             body += ["<details><summary>thinking</summary>", "", thinking.strip(), "", "</details>", ""]
         body += [reply.rstrip(), ""]

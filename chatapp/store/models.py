@@ -72,14 +72,29 @@ def cached_models() -> list[ModelChoice]:
     found = []
     for kind, folder in (("pulled", root / "models"), ("converted from GGUF", root / "gguf")):
         dirs = sorted(folder.iterdir()) if folder.is_dir() else []
-        found += [ModelChoice(pulled_name(d) or str(d), d.name, kind + base_note(pulled_name(d))) for d in dirs
+        found += [ModelChoice(pulled_name(d) or str(d), d.name, kind + base_note(pulled_name(d), d)) for d in dirs
                   if d != default and not d.name.startswith(".") and (d / "config.json").is_file()]
     return found
 
 
-def base_note(name: str | None) -> str:
-    """A pulled base model says so: it continues text rather than answering as a chat model."""
-    return "; a base model: it continues text, it is not tuned to chat" if name and manifest(name).base else ""
+def base_note(name: str | None, folder: Path | None = None) -> str:
+    """A base model says so (its manifest's `base`, or a GGUF conversion whose metadata named a
+    pretrained model): it continues text in completion mode rather than answering as a chat model."""
+    if (name and manifest(name).base) or (folder is not None and converted_as_base(folder)):
+        return "; a base model: completion mode (it continues your text; not tuned to chat)"
+    return ""
+
+
+def converted_as_base(folder: Path) -> bool:
+    """config.json's nanochat_tui_tuning (model/loading/gguf.py) and no chat template: what load_hf_dir
+    reads to pick completion mode. A file that cannot be read is just not marked."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        tok = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("nanochat_tui_tuning") == "base" and \
+        isinstance(tok, dict) and not tok.get("chat_template")
 
 
 def choices(root: Path | None) -> list[ModelChoice]:

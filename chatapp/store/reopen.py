@@ -26,11 +26,11 @@ def stored_messages(s: Session) -> list[StoredMessage]:
     msgs = []
     for ex in s.archive:  # trimmed out of the context: text only, no token ids (`archived`)
         msgs.append(StoredMessage("user", ex.user, []))
-        msgs.append(StoredMessage("assistant", ex.reply, [], [dataclasses.asdict(c) for c in ex.tool_calls]))
+        msgs.append(StoredMessage("assistant", ex.reply, [], [dataclasses.asdict(c) for c in ex.tool_calls], ex.stop))
     for ex in s.exchanges:
         msgs.append(StoredMessage("user", ex.user, s.tokens[ex.start:ex.reply_start]))
         msgs.append(StoredMessage("assistant", ex.reply, s.tokens[ex.reply_start:ex.end],
-                                  [dataclasses.asdict(c) for c in ex.tool_calls]))
+                                  [dataclasses.asdict(c) for c in ex.tool_calls], ex.stop))
     return msgs
 
 
@@ -157,6 +157,7 @@ def restore(session: Session, chat: ChatData, identity: ModelIdentity, folder: P
                          f"({session.room_hint()})")
     apply_settings(session, chat)
     session.adopt(tokens, exchanges, archived(chat))
+    give_stops(session, chat)
     n, why = 0, note
     if folder is not None and not note:
         n, why = from_snapshot(session, tokens, identity, folder, target)
@@ -166,6 +167,15 @@ def restore(session: Session, chat: ChatData, identity: ModelIdentity, folder: P
         why = "; ".join(filter(None, [why, f"{lone} message(s) without their other half, kept beside an empty one"]))
     return Restored(chat.id, chat.title, n, target - n, len(tokens) - target, 2 * len(pairs(chat.messages)),
                     session.cache.pos, session.cache.capacity, why)
+
+
+def give_stops(session: Session, chat: ChatData) -> None:
+    """Each restored reply gets its stored stop reason, so its label ("cut at max_new_tokens")
+    comes back. The archive's pairs come first in the store, as in `session.archive + exchanges`."""
+    both = pairs(chat.messages)
+    ordered = [a for u, a in both if not u.token_ids and not a.token_ids] + [a for _u, a in in_context(chat)]
+    for ex, reply in zip(session.archive + session.exchanges, ordered, strict=False):
+        ex.stop = reply.stop
 
 
 def from_snapshot(session: Session, tokens: list[int], identity: ModelIdentity, folder: Path,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from chatapp.chat.settings import SETTINGS, parse_settings, settings_text
 from model.errors import UserError
 
+STOPS = ("", "end", "length", "cancel", "error")  # TurnStats.stop, and '' for "not known"
 IN_CONTEXT = [-1]  # a damaged message's ids: "it was in the context", never fed to a model
 
 
@@ -81,6 +82,13 @@ class Cells:
                 self.note(f"setting {k} is {str(v)[:20]!r}")
         return good
 
+    def stop(self, raw, name: str) -> str:
+        """A reply's stop reason; anything else is not known ('')."""
+        if raw in STOPS:
+            return raw
+        self.note(f"{name} is {str(raw)[:20]!r}, not a stop reason")
+        return ""
+
     def tool_calls(self, raw, name: str) -> list[dict]:
         calls = self.json(raw, name, list, [])
         ok = [c for c in calls if isinstance(c, dict) and set(c) == {"expr", "result"}
@@ -101,13 +109,13 @@ def chat_row(row: tuple, msg_rows: list[tuple], ChatData, StoredMessage):  # noq
                     c.number(cache_pos, "cache_pos"), [], cid, c.number(created, "created", float),
                     c.number(updated, "updated", float))
     token_damage = data.prefix_tokens is None
-    for seq, (role, content, token_ids, tool_calls) in enumerate(msg_rows):
+    for seq, (role, content, token_ids, tool_calls, stop) in enumerate(msg_rows):
         m = Cells(f"message {seq + 1}: ")
         ids = m.ids(token_ids, "token_ids")
         token_damage |= ids is None
         data.messages.append(StoredMessage(role if role in ("user", "assistant") else "user",
                                            m.text(content, "content"), IN_CONTEXT if ids is None else ids,
-                                           m.tool_calls(tool_calls, "tool_calls")))
+                                           m.tool_calls(tool_calls, "tool_calls"), m.stop(stop, "stop")))
         c.damage += m.damage
     if token_damage:  # ids that cannot be trusted: the chat comes back from its text
         data.prefix_tokens, data.tokenizer_fingerprint = [], ""

@@ -364,7 +364,7 @@ class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
         await self.transcript.clear()
         for ex in self.session.archive + self.session.exchanges:
             thinking, reply = self.session.template.split_thinking(ex.reply)
-            await self.transcript.add_exchange(ex.user, reply, ex.tool_calls, thinking)
+            await self.transcript.add_exchange(ex.user, reply, ex.tool_calls, thinking, ex.stop)
         self.transcript.mark_dropped(len(self.session.archive))  # out of the context: dimmed, as when trimmed
 
     async def show_error(self, ev: Error) -> None:

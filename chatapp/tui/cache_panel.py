@@ -75,6 +75,9 @@ class CachePanel(VerticalScroll):
 
     def compose(self) -> ComposeResult:
         yield Row("model", "model", wrap=True)  # a long name wraps rather than losing its end
+        mode = Row("mode", "mode", wrap=True)  # shown only for a base model's completion mode
+        mode.display = False
+        yield mode
         yield Static("", id="restore", classes="hint")
         yield Row("device", "device")
         yield Row("backend", "backend")
@@ -106,6 +109,8 @@ class CachePanel(VerticalScroll):
         """Everything but the last turn: from `Session.stats()`."""
         pos, cap = stats["cache_seqlens"], stats["capacity"]
         self.row("model").set(stats["model"])
+        self.row("mode").display = "mode" in stats
+        self.row("mode").set(stats.get("mode", ""))
         self.row("device").set(stats["device"])
         self.row("backend").set(stats["backend"].upper())
         self.row("cache_seqlens").set(f"{pos} / {cap}")

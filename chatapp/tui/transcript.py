@@ -252,8 +252,10 @@ class Transcript(VerticalScroll, can_focus=True):
         await self.mount(r)
         return r
 
-    async def add_exchange(self, user: str, reply: str, tool_calls: list[ToolCall], thinking: str = "") -> None:
-        """A finished exchange at once (a restored chat); its tool calls follow its text."""
+    async def add_exchange(self, user: str, reply: str, tool_calls: list[ToolCall], thinking: str = "",
+                           stop: str = "end") -> None:
+        """A finished exchange at once (a restored chat); its tool calls follow its text, its stop
+        reason's label (stored with the reply) its border."""
         await self.add_user(user)
         r = await self.reply()
         if thinking:
@@ -261,7 +263,7 @@ class Transcript(VerticalScroll, can_focus=True):
         await r.write(reply)
         for call in tool_calls:
             await r.add_tool_call(call)
-        await r.finish("end", len(tool_calls))
+        await r.finish(stop or "end", len(tool_calls))
 
     async def notice(self, text: str, kind: str = "info") -> None:
         await self.mount(Notice(text, kind))

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 import model.loading.gguf_gemma as gguf_gemma
+from model.chat_formats.completion import gguf_tuning
 from model.errors import ModelLoadError
 from model.loading.gguf_meta import GGUFFile, hf_config, open_gguf, tokenizer_files
 from model.loading.hf import load_hf_dir
@@ -31,7 +32,8 @@ from model.quant import file_blocks
 from model.quant.blocks import BLOCK_TYPES, Packed, repack
 
 Progress = Callable[[str, float, float], None]   # (stage, done, total)
-CONVERTER_VERSION = "5"   # bump when the output of convert_gguf changes: cached conversions are redone
+CONVERTER_VERSION = "6"   # bump when the output of convert_gguf changes: cached conversions are redone
+# (6: config.json nanochat_tui_tuning, which gives a base model completion mode)
 
 LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -172,6 +174,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = Non
         if needed not in names:
             raise ModelLoadError(f"{gguf_path}: missing tensor {needed}")
     config["tie_word_embeddings"] = "lm_head.weight" not in names
+    config["nanochat_tui_tuning"] = gguf_tuning(g.meta)   # 'base': completion mode when there is no template
     embd = next(t for s, t, part in plan if t is not None and t.name == "token_embd.weight")
     config["vocab_size"] = int(embd.shape[-1])   # padded vocabularies included
     tok_json, tok_config = tokenizer_files(g)   # builds the tokenizer once: errors surface now

@@ -14,6 +14,7 @@ from safetensors import SafetensorError, safe_open
 
 from kvcache import Attention
 from model.bpe import tokenizer_from_json
+from model.chat_formats.completion import CompletionFormat
 from model.errors import ModelLoadError
 from model.families import FAMILIES, Family, for_architectures
 from model.files import read_bytes
@@ -117,7 +118,10 @@ def load_hf_dir(path: Path, opts: LoadOptions) -> LoadedModel:
     ends = tok_config.get("nanochat_tui_end_tokens") or []
     tok.end_names = [n for n in ends if isinstance(n, str)]   # the GGUF's eos/eot/eom (gguf_vocab.py)
     try:
-        template = family.template(tok, template_src, system)
+        if not template_src and config.get("nanochat_tui_tuning") == "base":
+            template = CompletionFormat(tok)   # a pretrained model continues a document (docs/chat-formats.md)
+        else:
+            template = family.template(tok, template_src, system)
     except (ValueError, KeyError) as e:
         raise ModelLoadError(f"{path}: {e.args[0]}") from None
     template.stop_ids |= {tok.special[n] for n in tok.end_names if n in tok.special}   # stop on every end token
