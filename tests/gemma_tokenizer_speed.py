@@ -1,7 +1,11 @@
 """Gemma 3's tokenizer (the real 262k vocabulary) through our loader's SentencePiece tokenizer: MB/s."""
-import json, sys, time
+import json
+import sys
+import time
 from pathlib import Path
+
 from model.spm import spm_from_json
+
 path = Path(sys.argv[1])
 text = path.read_text()
 tok = spm_from_json(path, text, json.loads(text), {})
