@@ -1,7 +1,7 @@
 /* One token through the model as a chain of phases run by the pool (pool.c). Included by
  * qdecode.c after the kernels.
  *
- * Per layer: QKV (the three projections' rows as one range), ATTN (KV head x key chunk),
+ * Per layer: QKV (the three projections' rows as one range), ATTN (key chunks, every KV head in each),
  * WO, GU (gate and up rows together, the activation applied), DOWN; then HEAD. Between two
  * phases the thread that finished the first runs the small serial work (norms, rotary, the
  * K/V write, the softmax merge, the residual, quantizing the next input) once, on shared
@@ -68,7 +68,7 @@ static int rows_per_block(const QW *w, int rows, int nt) {
 }
 
 static int attn_chunk(const Ctx *c, int n) {
-    int want = (4 * c->nt + c->m.n_kv - 1) / c->m.n_kv;   /* chunks for about 4 blocks a thread */
+    int want = 4 * c->nt;   /* chunks for about 4 blocks a thread */
     int ch = (n + want - 1) / want;
     return ch < CHUNK_MIN ? CHUNK_MIN : ch > CHUNK_MAX ? CHUNK_MAX : ch;
 }
@@ -90,7 +90,7 @@ static void open_phase(Ctx *c, uint64_t s, int kind, int l) {
         p.start = L->window >= 0 && c->pos - L->window > 0 ? c->pos - L->window : 0;
         p.n = c->pos + 1 - p.start;
         p.per = attn_chunk(c, p.n);
-        p.nb = (p.n + p.per - 1) / p.per * m->n_kv;
+        p.nb = (p.n + p.per - 1) / p.per;
     } else if (kind != PH_IDLE) {
         p.rows = kind == PH_QKV ? m->n_head * m->head_dim + 2 * m->n_kv * m->head_dim
                : kind == PH_GU ? m->hidden : kind == PH_HEAD ? m->vocab : m->dim;
@@ -114,7 +114,7 @@ static void residual(Ctx *c, const float *norm) {
 /* The serial work after phase p (which was phase s), then the next phase. */
 static void after(Ctx *c, const Phase *p, uint64_t s) {
     const Model *m = &c->m;
-    const int d = m->head_dim, hq = m->n_head, hk = m->n_kv, g = hq / hk, qd = hq * d, kvd = hk * d, l = p->layer;
+    const int d = m->head_dim, hq = m->n_head, hk = m->n_kv, qd = hq * d, kvd = hk * d, l = p->layer;
     const Layer *L = m->layers + l;
     if (p->kind == PH_QKV) {
         float *q = c->qkv, *k = q + qd, *v = k + kvd;
@@ -126,18 +126,17 @@ static void after(Ctx *c, const Phase *p, uint64_t s) {
         for (int j = 0; j < kvd; j++) { kc[j] = f2h(k[j]); vc[j] = f2h(v[j]); }
         open_phase(c, s, PH_ATTN, l);
     } else if (p->kind == PH_ATTN) {   /* merge the key chunks' partial softmaxes */
-        const int chunks = p->nb / hk;
+        const int chunks = p->nb;   /* a chunk's slot: m[hq], l[hq], acc[hq * d] */
         for (int h = 0; h < hq; h++) {
-            const int kv = h / g, i = h % g;
             float mx = -INFINITY, l2 = 0.f, *o = c->att + (size_t)h * d;
-            for (int ch = 0; ch < chunks; ch++) mx = fmaxf(mx, c->slots[(ch * hk + kv) * c->slot + i]);
+            for (int ch = 0; ch < chunks; ch++) mx = fmaxf(mx, c->slots[ch * c->slot + h]);
             for (int j = 0; j < d; j++) o[j] = 0.f;
             for (int ch = 0; ch < chunks; ch++) {
-                const float *sl = c->slots + (ch * hk + kv) * c->slot;
-                if (sl[g + i] == 0.f) continue;
-                float f = expf(sl[i] - mx);
-                l2 += f * sl[g + i];
-                for (int j = 0; j < d; j++) o[j] += f * sl[2 * g + i * d + j];
+                const float *sl = c->slots + ch * c->slot;
+                if (sl[hq + h] == 0.f) continue;
+                float f = expf(sl[h] - mx);
+                l2 += f * sl[hq + h];
+                for (int j = 0; j < d; j++) o[j] += f * sl[2 * hq + h * d + j];
             }
             for (int j = 0; j < d; j++) o[j] /= l2;
         }
@@ -167,11 +166,12 @@ static float *compute(Ctx *c, const Phase *p, int b, int tid, size_t *n) {
     const Layer *L = m->layers + p->layer;
     float *out = c->priv + (size_t)tid * c->priv_n;
     if (p->kind == PH_ATTN) {
-        const int hk = m->n_kv, g = m->n_head / hk, kv = b % hk, t0 = p->start + (b / hk) * p->per;
+        /* every KV head of a key chunk in one block: each K/V row streams once, in key order */
+        const int hk = m->n_kv, hq = m->n_head, t0 = p->start + b * p->per;
         const int t1 = t0 + p->per < p->start + p->n ? t0 + p->per : p->start + p->n;
         const size_t kvd = (size_t)hk * m->head_dim, lo = (size_t)p->layer * m->cap * kvd;
-        attn_part(m, c->qkv, c->kbase + lo, c->vbase + lo, t0, t1, kv, kv + 1,
-                  c->scores + (size_t)tid * g * CHUNK_MAX, out, out + g, out + 2 * g);
+        attn_part(m, c->qkv, c->kbase + lo, c->vbase + lo, t0, t1, 0, hk,
+                  c->scores + (size_t)tid * hq * CHUNK_MAX, out, out + hq, out + 2 * hq);
         *n = c->slot;
         return c->slots + (size_t)b * c->slot;
     }
@@ -255,14 +255,14 @@ void *qd_new(const Model *m) {
     if (!c) return NULL;
     c->m = *m;
     c->nt = m->n_threads > 0 ? m->n_threads : 1;
-    const int nt = c->nt, g = m->n_head / m->n_kv;
+    const int nt = c->nt;
     size_t qd = (size_t)m->n_head * m->head_dim, kvd = (size_t)m->n_kv * m->head_dim, w = (size_t)m->dim;
     if ((size_t)m->hidden > w) w = m->hidden;
     if (qd > w) w = qd;
-    c->slot = 2 * (size_t)g + (size_t)g * m->head_dim;
+    c->slot = 2 * (size_t)m->n_head + (size_t)m->n_head * m->head_dim;
     c->priv_n = 2 * RMAX > c->slot ? 2 * RMAX : c->slot;
-    /* a matmul's blocks hold >= 8 rows; attention's >= CHUNK_MIN keys of one KV head */
-    int rows = m->vocab > m->hidden ? m->vocab : m->hidden, max_nb = (m->cap / CHUNK_MIN + 2) * m->n_kv;
+    /* a matmul's blocks hold >= 8 rows; attention's >= CHUNK_MIN keys of every KV head */
+    int rows = m->vocab > m->hidden ? m->vocab : m->hidden, max_nb = m->cap / CHUNK_MIN + 2;
     if ((int)(qd + 2 * kvd) > rows) rows = (int)(qd + 2 * kvd);
     if (m->dim > rows) rows = m->dim;
     if (rows / 8 + 1 > max_nb) max_nb = rows / 8 + 1;
@@ -275,9 +275,9 @@ void *qd_new(const Model *m) {
     c->aq = malloc(sizeof(int16_t) * (w + 32));
     c->ad = malloc(sizeof(float) * (w / 32 + 1));
     c->as = malloc(sizeof(float) * (w / 32 + 1));
-    c->slots = malloc(sizeof(float) * c->slot * (size_t)((m->cap / CHUNK_MIN + 2) * m->n_kv));
+    c->slots = malloc(sizeof(float) * c->slot * (size_t)(m->cap / CHUNK_MIN + 2));
     c->priv = malloc(sizeof(float) * c->priv_n * nt);
-    c->scores = malloc(sizeof(float) * (size_t)g * CHUNK_MAX * nt);
+    c->scores = malloc(sizeof(float) * (size_t)m->n_head * CHUNK_MAX * nt);
     c->a = (Act){c->xn, c->aq, c->ad, c->as, m->dim};
     if (!c->x || !c->xn || !c->qkv || !c->att || !c->y || !c->h || !c->aq || !c->ad || !c->as || !c->slots || !c->priv ||
         !c->scores || pool_init(&c->pool, max_nb) != 0) { qd_free(c); return NULL; }
