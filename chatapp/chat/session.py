@@ -25,7 +25,7 @@ from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, Te
 from chatapp.chat.exchange import Exchange
 from chatapp.chat.figures import stats_line, weights_format
 from chatapp.chat.respond import adopt_history, parse_messages
-from chatapp.chat.settings import Settings, parse_settings, settings_text
+from chatapp.chat.settings import Settings, set_command
 from chatapp.chat.tools import ToolRunner
 from model.chat_formats.completion import MODE as COMPLETION_MODE
 from model.chat_formats.whole import Rendered
@@ -380,14 +380,7 @@ class Session:
 
     def change_settings(self, arg: str) -> Iterator[Event]:
         """`/set NAME=VALUE ...` changes settings; `/set` alone shows every one of them."""
-        values = parse_settings(arg)
-        if not values:
-            current = self.settings.sampling_values()
-            yield Info("settings: " + settings_text(current), current)
-            return
-        for k, v in values.items():
-            setattr(self.settings, k, v)
-        yield Info("settings: " + settings_text(values), values)
+        yield Info(*set_command(self.settings, arg))
 
     def show_stats(self, _arg: str = "") -> Iterator[Event]:
         yield Info(self.stats_text(), self.stats())

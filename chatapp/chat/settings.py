@@ -75,3 +75,16 @@ def parse_settings(arg: str) -> dict:
 
 def settings_text(values: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in values.items())
+
+
+def set_command(settings: Settings, arg: str) -> tuple[str, dict]:
+    """`/set NAME=VALUE ...` applied to `settings` (`/set` alone: every setting), as the info
+    line and its data; UserError, nothing changed, on a bad value. Local and --backend chats
+    both serve /set with it."""
+    values = parse_settings(arg)
+    if not values:
+        values = settings.sampling_values()
+    else:
+        for k, v in values.items():
+            setattr(settings, k, v)
+    return "settings: " + settings_text(values), values

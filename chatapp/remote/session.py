@@ -19,7 +19,7 @@ from chatapp.chat.clip import pick_reply
 from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
 from chatapp.chat.edit import parse_edit
 from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, TextDelta, ToolCall, TurnStats
-from chatapp.chat.settings import Settings, parse_settings, settings_text
+from chatapp.chat.settings import Settings, set_command
 from chatapp.remote.client import Figures, OpenAIClient, RemoteError
 from model.errors import UserError
 
@@ -191,14 +191,7 @@ class RemoteSession:
         yield self.state("system", "system prompt set; new chat started")
 
     def change_settings(self, arg: str) -> Iterator[Event]:
-        values = parse_settings(arg)
-        if not values:
-            current = self.settings.sampling_values()
-            yield Info("settings: " + settings_text(current), current)
-            return
-        for k, v in values.items():
-            setattr(self.settings, k, v)
-        yield Info("settings: " + settings_text(values), values)
+        yield Info(*set_command(self.settings, arg))
 
     def show_stats(self, _arg: str = "") -> Iterator[Event]:
         d = self.stats()

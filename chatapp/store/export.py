@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 from chatapp.chat.events import ToolCall
 from chatapp.store.database import StoreError
 from chatapp.store.export_files import relabel
+from chatapp.store.tempfiles import write_atomic
 
 # The last line of every export (invisible in rendered Markdown): a file that ends with it may be
 # overwritten by a later /export; any other existing file is left alone.
@@ -65,27 +65,13 @@ def export(t: ExportedChat, dest: str = "") -> Path:
         if path.exists() and not is_export(path):
             raise StoreError(f"/export: {path} exists and is not an earlier export; nothing was written "
                              "(give another name)")
-        write_whole(path, to_markdown(t).encode("utf-8"))
+        write_atomic(path, to_markdown(t).encode("utf-8"))  # whole or none: ENOSPC leaves no half file
     except OSError as e:
         raise StoreError(f"/export: cannot write {dest or 'here'}: {e.strerror or e}; nothing was kept") from None
     except (ValueError, RuntimeError) as e:  # a NUL byte in the path; ~user with no such user
         raise StoreError(f"/export: not a usable path {dest!r}: {e}") from None
     return path
 
-
-def write_whole(path: Path, data: bytes) -> None:
-    """The whole file or none of it: a full disk (ENOSPC) leaves no half-written export behind,
-    and an earlier export it was to replace stays as it was."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def is_export(path: Path) -> bool:
