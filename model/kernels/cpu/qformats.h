@@ -1,6 +1,6 @@
 /* GGUF block formats read as the file stores them: Q5_0, Q6_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS, Q4_K, Q5_K.
  *
- * #included by qdecode.c (after QW, Act, h2f, hsum and PREFETCH). A weight of one of these kinds
+ * #included by qdecode.c (after QW, Act, h2f, hsum and PF2). A weight of one of these kinds
  * is the GGUF tensor's own bytes, `rows` rows of cols/bv blocks of bb bytes; nothing is widened,
  * so a token reads exactly the file's bits per weight (docs/weight-formats.md).
  *
@@ -290,8 +290,8 @@ static inline __attribute__((always_inline)) void dot2_file_avx2(const QW *w, in
         const float *dx = a->d + i * nk;
         for (int t = 0; t < 2; t++) {
             const uint8_t *b = row[t] + (size_t)i * f.bb;
-            _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
-            if (f.bb > 64) _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
+            if (f.bb >= 64) for (int o = 0; o < f.bb; o += 64) PF2(b + o);
+            else if ((i * f.bb) % 64 < f.bb) PF2(b);   /* small blocks: once per line */
             if (nk == 1) {   /* a 32-value block: one scale */
                 prep(b, sc, mn);
                 ms[t][0] = sc[0] * dx[0];
