@@ -326,13 +326,14 @@ static inline __attribute__((always_inline)) void dot2_file_avx2(const QW *w, in
             }
             for (int t = 0; t < 2; t++) {
                 const __m256i q = v32(row[t] + (size_t)i * f.bb, k);
-                const __m256i p0 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)), x0);
-                const __m256i p1 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)), x1);
+                const __m256i q0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
+                const __m256i q1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
                 /* two accumulators a row: one chain of dependent FMAs per row was the limit */
-                if (!f.per16) {
-                    v[t][k & 1] = _mm256_fmadd_ps(_mm256_broadcast_ss(&ms[t][k]), _mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)),
+                if (!f.per16) {   /* one sum per 32: two VNNI multiply-adds where the CPU has them */
+                    v[t][k & 1] = _mm256_fmadd_ps(_mm256_broadcast_ss(&ms[t][k]), _mm256_cvtepi32_ps(DOT2(q0, x0, q1, x1)),
                                                   v[t][k & 1]);
                 } else {
+                    const __m256i p0 = _mm256_madd_epi16(q0, x0), p1 = _mm256_madd_epi16(q1, x1);
                     v[t][0] = _mm256_fmadd_ps(_mm256_broadcast_ss(&ms[t][2 * k]), _mm256_cvtepi32_ps(p0), v[t][0]);
                     v[t][1] = _mm256_fmadd_ps(_mm256_broadcast_ss(&ms[t][2 * k + 1]), _mm256_cvtepi32_ps(p1), v[t][1]);
                 }
