@@ -110,8 +110,41 @@ static inline float ld_s(const void *p, int sdt, size_t i) {
 /* ---- activations quantized to int16 per 32 ---------------------------------------------- */
 /* int16, not llama.cpp's int8: with int8 the head's logits moved by 0.25 on the default model
    (its last hidden state has outlier channels) and greedy picks flipped; int16 costs one more
-   widening per 16 weights and leaves the activations' error at 1/32767 of each block's max. */
-typedef struct { const float *x; int16_t *q; float *d, *s; int n; } Act;
+   widening per 16 weights and leaves the activations' error at 1/32639 of each block's max.
+   32639 = 127 * 257, not 32767: every q then splits exactly into two signed bytes (split_act). */
+#define QMAX 32639.f
+typedef struct {
+    const float *x; int16_t *q; float *d, *s; int n;
+    /* VNNI builds: q = 256 * q1 + q2 exactly, both int8, and q's sum over each 4 values */
+    int8_t *q1, *q2; int32_t *q4;
+} Act;
+
+/* u8 x s8 products summed 4 at a time into int32 lanes (AVX-512 VNNI with VL, or AVX-VNNI). The
+   file-format GEMVs run them on the two bytes of each int16 activation: two instructions per 32
+   values, as two int16 multiply-adds are, but the weights' bytes need no widening to int16
+   first, and every integer sum is the int16 kernels' own. */
+#if defined(__AVX2__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define QD_VNNI8 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#elif defined(__AVX2__) && defined(__AVXVNNI__)
+#define QD_VNNI8 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#endif
+
+/* q1 = round(q / 256) (|q| <= 32639 keeps it in -128..127), q2 = q - 256 * q1 (-128..127) */
+static void split_act(Act *a) {
+#ifdef QD_VNNI8
+    for (int j = 0; j < a->n; j++) {
+        const int v = a->q[j], h = (v + 128) >> 8;
+        a->q1[j] = (int8_t)h;
+        a->q2[j] = (int8_t)(v - 256 * h);
+    }
+    for (int j = 0; j < a->n / 4; j++)
+        a->q4[j] = (int32_t)a->q[4 * j] + a->q[4 * j + 1] + a->q[4 * j + 2] + a->q[4 * j + 3];
+#else
+    (void)a;
+#endif
+}
 
 static void quantize_act(Act *a) {
     for (int b = 0; b < a->n / 32; b++) {
@@ -123,7 +156,7 @@ static void quantize_act(Act *a) {
         __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-        float d = amax / 32767.f, id = d > 0.f ? 1.f / d : 0.f;
+        float d = amax / QMAX, id = d > 0.f ? 1.f / d : 0.f;
         __m256i sum = _mm256_setzero_si256();
         __m256i q[4];
         for (int k = 0; k < 4; k++) {   /* cvtps rounds to nearest even, as lrintf does */
@@ -143,13 +176,14 @@ static void quantize_act(Act *a) {
 #else
         float amax = 0.f;
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
-        float d = amax / 32767.f, id = d > 0.f ? 1.f / d : 0.f;
+        float d = amax / QMAX, id = d > 0.f ? 1.f / d : 0.f;
         int sum = 0;
         for (int j = 0; j < 32; j++) { int v = (int)lrintf(x[j] * id); a->q[32 * b + j] = (int16_t)v; sum += v; }
         a->d[b] = d;
         a->s[b] = d * (float)sum;
 #endif
     }
+    split_act(a);
 }
 
 /* ---- one row's dot product ---------------------------------------------------------------- */
@@ -596,7 +630,9 @@ void qd_gemv(const QW *w, const float *x, float *y, int n_threads) {
     int n = w->cols;
     int16_t *q = malloc(sizeof(int16_t) * (n + 32));
     float *d = malloc(sizeof(float) * (n / 32 + 1)), *s = malloc(sizeof(float) * (n / 32 + 1));
-    Act a = {x, q, d, s, n};
+    int8_t *q1 = malloc(n + 32), *q2 = malloc(n + 32);
+    int32_t *q4 = malloc(sizeof(int32_t) * (n / 4 + 8));
+    Act a = {x, q, d, s, n, q1, q2, q4};
     if (w->kind >= K_Q8) quantize_act(&a);
 #ifdef _OPENMP
 #pragma omp parallel num_threads(n_threads)
@@ -608,7 +644,7 @@ void qd_gemv(const QW *w, const float *x, float *y, int n_threads) {
 #else
     gemv(w, &a, y, 0, w->rows);
 #endif
-    free(q); free(d); free(s);
+    free(q); free(d); free(s); free(q1); free(q2); free(q4);
 }
 
 int qd_simd(void) {   /* 0: portable C, 1: AVX2 */
