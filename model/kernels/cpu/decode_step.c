@@ -190,7 +190,7 @@ static float *compute(Ctx *c, const Phase *p, int b, int tid, size_t *n) {
         float *u = out + RMAX - r0;
         gemv(&L->wg, &c->a, y, r0, r1);
         gemv(&L->wu, &c->a, u, r0, r1);
-        for (int r = r0; r < r1; r++) y[r] = act_fn(m->act, y[r]) * u[r];
+        act_rows(m->act, y, u, r0, r1);
         return c->h + r0;
     }
     if (p->kind == PH_HEAD) {

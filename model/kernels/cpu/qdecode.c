@@ -496,6 +496,29 @@ static inline __m256 exp256(__m256 x) {
 }
 #endif
 
+/* y[r] = act(y[r]) * u[r] for r in [r0, r1). act(g) = g * sigmoid(a): a = g for SiLU, and for
+   Gemma's tanh GELU a = 2 * 0.79788 * (g + 0.044715 g^3), since 0.5 (1 + tanh(z)) = sigmoid(2 z).
+   Vectorised through exp256 (relative error ~2e-7): scalar tanhf was ~0.7 ms of a Gemma 3 270M
+   token (36,864 calls). */
+static void act_rows(int act, float *y, const float *u, int r0, int r1) {
+    int r = r0;
+#ifdef QD_AVX2
+    for (; r + 8 <= r1; r += 8) {
+        const __m256 g = _mm256_loadu_ps(y + r);
+        __m256 a = g;
+        if (act == ACT_GELU_TANH) {
+            const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+            a = _mm256_mul_ps(_mm256_set1_ps(2.f * 0.7978845608028654f), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), g3, g));
+        }
+        /* e^-a, with -a at most 80 (e^80 is finite, and g / (1 + e^80) is 0 to fp32) */
+        const __m256 e = exp256(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), a), _mm256_set1_ps(80.f)));
+        const __m256 h = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+        _mm256_storeu_ps(y + r, _mm256_mul_ps(h, _mm256_loadu_ps(u + r)));
+    }
+#endif
+    for (; r < r1; r++) y[r] = act_fn(act, y[r]) * u[r];
+}
+
 /* Partial softmax over keys [t0, t1): per query head its max m, sum l and unnormalised acc.
    Three passes (scores, exp, values), each walking the keys in order with every KV head of a
    row together, so the layer's K and V stream from memory once; in cache this is 4x faster
