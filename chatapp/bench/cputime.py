@@ -28,10 +28,10 @@ import time
 import torch
 
 from chatapp.bench.llamacpp import find_binary, peer_env
-from model.generate import Generator
+from model.decode.generate import Generator
+from model.decode.sampling import SamplingConfig
 from model.loading import LoadOptions
-from model.loading.base import load_model
-from model.sampling import SamplingConfig
+from model.loading.dispatch import load_model
 
 
 def ours_ms(gen: Generator, depth: int, tokens: int) -> float:

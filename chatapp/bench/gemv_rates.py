@@ -3,8 +3,8 @@ step's CPU time a token, for builds of the kernels compared in one process, alte
 
 `python -m chatapp.bench.gemv_rates FILE.gguf [--build FLAGS | --build DIR[:FLAGS]]... [--step DEPTH]`
 
-Each `--build` is one build of model/kernels/cpu: extra compiler flags (`-DPF_FAR=0`), or a
-folder holding another version of the sources (`git show OLD:model/kernels/cpu/qdecode.c` and
+Each `--build` is one build of model/cpu: extra compiler flags (`-DPF_FAR=0`), or a
+folder holding another version of the sources (`git show OLD:model/cpu/qdecode.c` and
 its includes, for a before/after), optionally with flags after a colon. Without `--build` it
 measures this checkout's build.
 
@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from model.kernels.cpu import native
-from model.kernels.cpu.step import CpuStep
+from model.cpu import native
+from model.cpu.qlinear import QLinear
+from model.cpu.step import CpuStep
 from model.loading import LoadOptions
-from model.loading.base import load_model
-from model.quant.qlinear import QLinear
+from model.loading.dispatch import load_model
 
 BASE = ["-O3", "-march=native", "-pthread"]
 
