@@ -11,11 +11,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+# What a reply's text is (chatapp/chat/kinds.py): the answer, its thinking block (Qwen3's
+# <think>, markers left out), or nanochat's calculator call and the output forced after it
+# (those two keep their marker tokens' text: it is what the model wrote).
+TextKind = Literal["answer", "thinking", "tool_call", "tool_result"]
+
 
 @dataclass
 class TextDelta:
     text: str
-    thinking: bool = False   # part of the reply's thinking block (Qwen3's <think>), not its answer
+    kind: TextKind = "answer"
 
 
 @dataclass
@@ -86,6 +91,16 @@ class CacheState:
     capacity: int
     tokens: int              # conversation tokens (cached + pending)
     detail: str = ""
+
+
+@dataclass
+class Ready:
+    """Headless mode's first line: the chat is open. Its JSON is one flat object: the session's
+    /stats figures, then what the keeper says of the chat (store, chat id, title, restore)."""
+
+    figures: dict
+    chat: dict = field(default_factory=dict)
+    event: str = "ready"
 
 
 @dataclass
@@ -198,10 +213,12 @@ class ModelSwitched:
 
 
 Event = (TextDelta | ToolCall | TurnStats | Trimmed | CacheState | Info | Error | Quit | Saved | Restored
-         | Prefilling | Branched | Copied | ModelSwitched)
+         | Prefilling | Branched | Copied | ModelSwitched | Ready)
 
 
 def to_json(ev: Event) -> dict:
+    if isinstance(ev, Ready):  # flat, as its line has always been
+        return {"event": ev.event, **ev.figures, **ev.chat}
     d = dataclasses.asdict(ev)
     d = {"event": d.pop("event"), **d}
     if isinstance(ev, (TurnStats,)):

@@ -19,11 +19,12 @@ from dataclasses import replace
 
 from chatapp.chat import trim, whole
 from chatapp.chat.attach import PASTED, Attachment, Attachments, Budget, file_command
-from chatapp.chat.clip import pick_reply, reply_text
+from chatapp.chat.clip import pick_reply
 from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
-from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, TextDelta, Trimmed, TurnStats
+from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, Trimmed, TurnStats
 from chatapp.chat.exchange import Exchange
 from chatapp.chat.figures import stats_line, weights_format
+from chatapp.chat.kinds import Part, ReplyText, answer_text, reply_text, stored_parts, thinking_text
 from chatapp.chat.respond import adopt_history, parse_messages
 from chatapp.chat.settings import Settings, set_command
 from chatapp.chat.tools import ToolRunner
@@ -245,43 +246,37 @@ class Session:
         self.gen.prefill(self.tokens[cached_before:])
         prefill_tokens = self.cache.pos - cached_before
         tools = ToolRunner(self.template, self.tok)
-        decoder = self.tok.stream_decoder()
+        text = ReplyText(self.template, self.tok)
         closing = len(self.template.end_reply())
         stop, n, t_first = "length", 0, None
-        think, thinking = self.template.think_ids or (), False
         while n < self.settings.max_new_tokens:
-            tok = self.gen.sample()
+            token = self.gen.sample()
             if t_first is None:
                 t_first = time.perf_counter()
-            if tok in self.template.stop_ids:
+            if token in self.template.stop_ids:
                 stop = "end"
                 break
-            self.tokens.append(tok)
+            self.tokens.append(token)
             n += 1
-            if tok in think:  # the block's markers are structure, not text: the flag carries them
-                if tail := decoder.flush():
-                    yield TextDelta(tail, thinking)
-                thinking = tok == think[0]
-            elif text := decoder.push(tok):
-                yield TextDelta(text, thinking)
+            yield from text.push(token)
             if self.cancel_flag.is_set():
                 stop = "cancel"
                 break
-            forced = tools.after(tok)
+            forced = tools.after(token)
             if self.cache.free < 1 + len(forced) + closing:
                 break  # the context is full: end the reply here, closed properly
-            self.gen.feed(tok)
+            self.gen.feed(token)
             if tools.new_call:
                 yield tools.new_call
             if forced:
                 self.tokens.extend(forced)
                 self.gen.prefill(forced)
-                if text := decoder.push_many(forced):
-                    yield TextDelta(text, thinking)
-        if tail := decoder.flush():
-            yield TextDelta(tail, thinking)
+                for token in forced:
+                    yield from text.push(token)
+        yield from text.flush()
         t_end = time.perf_counter()
-        ex.reply = self.tok.decode(self.tokens[ex.reply_start:])
+        ex.reply = self.tok.decode(self.tokens[ex.reply_start:])  # the store's text: markers and all
+        ex.parts = text.parts.parts
         ex.tool_calls, ex.stop = tools.calls, stop
         if whole.is_whole(self):  # closed as the template closes it; the cache keeps what still matches
             whole.close(self, ex, self.tokens[ex.reply_start:])
@@ -297,11 +292,10 @@ class Session:
 
     def _stats(self, ex, prefill_tokens, cached_before, n, t0, t_first, t_end, stop) -> TurnStats:
         decode_s = t_end - t_first
-        thinking, reply = self.template.split_thinking(ex.reply)  # ex.reply keeps both: the store's text
         st = TurnStats(
-            turn=self.turns, user=ex.user, reply=reply, thinking=thinking, prefill_tokens=prefill_tokens,
-            cached_before=cached_before, cache_seqlens=self.cache.pos, capacity=self.cache.capacity,
-            decode_tokens=n, ttft_ms=(t_first - t0) * 1000,
+            turn=self.turns, user=ex.user, reply=reply_text(ex.parts), thinking=thinking_text(ex.parts),
+            prefill_tokens=prefill_tokens, cached_before=cached_before, cache_seqlens=self.cache.pos,
+            capacity=self.cache.capacity, decode_tokens=n, ttft_ms=(t_first - t0) * 1000,
             tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0, stop=stop,
             kv_bytes_used=self.cache.bytes_used, kv_bytes_allocated=self.cache.bytes_allocated,
             backend=self.lm.model.attn.name, tool_calls=list(ex.tool_calls))
@@ -395,10 +389,14 @@ class Session:
         """`/copy [N]`: a reply's answer as the transcript shows it (no thinking, no tool spans)."""
         replies = self.archive + self.exchanges
         n = pick_reply(arg, len(replies))
-        text = reply_text(self.template, self.tok, replies[n - 1].reply)
+        text = answer_text(self.reply_parts(replies[n - 1]))
         if not text.strip():
             raise UserError(f"/copy: reply {n} has no text to copy")
         yield Copied(n, len(replies), text)
+
+    def reply_parts(self, ex: Exchange) -> list[Part]:
+        """A reply by kind: as it streamed, or (a stored chat's) found in its text."""
+        return ex.parts or stored_parts(self.template, self.tok, ex.reply)
 
     def attach_file(self, arg: str) -> Iterator[Event]:
         """`/file PATH` (chatapp/chat/attach.py): the file goes with the next message."""

@@ -19,6 +19,7 @@ from chatapp.chat.clip import pick_reply
 from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
 from chatapp.chat.edit import parse_edit
 from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, TextDelta, ToolCall, TurnStats
+from chatapp.chat.kinds import Part, PartsBuilder
 from chatapp.chat.settings import Settings, set_command
 from chatapp.remote.client import Figures, OpenAIClient, RemoteError
 from model.errors import UserError
@@ -33,6 +34,7 @@ class RemoteExchange:
     reply: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     stop: str = ""  # not stored for a remote chat: a reopened one shows no stop labels
+    parts: list[Part] = field(default_factory=list)  # the reply by kind as it streamed ([] when reopened)
 
 
 class PlainFormat:
@@ -112,18 +114,19 @@ class RemoteSession:
                 "top_p": s.top_p, "max_tokens": s.max_new_tokens}
         body |= {"seed": s.seed} if s.seed is not None else {}
         body |= {"top_k": s.top_k} if s.top_k else {}  # not OpenAI's: sent only when set
-        fig, parts, stop, error = Figures(), [], "end", ""
+        fig, parts, stop, error = Figures(), PartsBuilder(), "end", ""
         try:
-            for d in self.client.chat(body, fig):
-                if not d.thinking:
-                    parts.append(d.text)
-                yield TextDelta(d.text, d.thinking)
+            for d in self.client.chat(body, fig):  # the server's content is the answer: no token ids here
+                delta = TextDelta(d.text, "thinking" if d.thinking else "answer")
+                parts.add(delta.kind, delta.text)
+                yield delta
                 if self.cancel_flag.is_set():
                     stop = "cancel"
                     break
         except RemoteError as e:
             stop, error = "error", str(e)
-        ex.reply = "".join(parts)
+        ex.parts = parts.parts
+        ex.reply = "".join(p.text for p in ex.parts if p.kind == "answer")
         if stop == "error" and not ex.reply:
             self.exchanges.pop()
             yield self.state("undone")
@@ -209,6 +212,9 @@ class RemoteSession:
         if not text.strip():
             raise UserError(f"/copy: reply {n} has no text to copy")
         yield Copied(n, len(self.exchanges), text)
+
+    def reply_parts(self, ex: RemoteExchange) -> list[Part]:
+        return ex.parts or [Part("answer", ex.reply)]
 
     def attach_file(self, arg: str) -> Iterator[Event]:
         yield from file_command(self.attached, arg, self.budget())

@@ -186,7 +186,6 @@ class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
     async def on_loaded(self, msg: Loaded) -> None:
         keeper = msg.chat
         self.keeper, s = keeper, keeper.session
-        self.show_markers()
         self.sub_title = visible(s.lm.name)
         await self.show_history()
         for warning in self.load_warnings:
@@ -278,7 +277,7 @@ class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
     async def on_text_batch(self, msg: TextBatch) -> None:
         self.batches += 1
         self.watch_end()  # the first text: the prefill is over
-        await (await self.transcript.reply()).write(msg.text, msg.thinking)
+        await (await self.transcript.reply()).write(msg.text, msg.kind)
         self.call_after_refresh(self.gate.drawn)
 
     async def on_session_event(self, msg: SessionEvent) -> None:
@@ -308,7 +307,6 @@ class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
             case Copied():
                 copy_text(self, ev.text, f"reply {ev.reply} of {ev.of}")
             case Restored():  # a stored chat is now the session's (on its own model, maybe)
-                self.show_markers()
                 await self.show_history()
                 self.panel.clear_turns()
                 await t.notice(f"Opened chat #{ev.chat} {ev.title}: {ev.line}.", "dim")
@@ -332,10 +330,6 @@ class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
         back: the restore line would describe K/V that is gone (a trim recomputes all of it)."""
         r = self.keeper.restored
         return isinstance(ev, CacheState) and r is not None and ev.cache_seqlens < r.cache_seqlens
-
-    def show_markers(self) -> None:
-        tools, tok = self.session.template.tool_tokens or {}, self.session.tok
-        self.transcript.markers = {name: tok.decode([i]) for name, i in tools.items()}
 
     def show_chat(self) -> None:
         """The header names the model and, once it is stored, the chat."""
@@ -362,9 +356,9 @@ class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
     async def show_history(self) -> None:
         """Redraw the transcript from the session's exchanges."""
         await self.transcript.clear()
-        for ex in self.session.archive + self.session.exchanges:
-            thinking, reply = self.session.template.split_thinking(ex.reply)
-            await self.transcript.add_exchange(ex.user, reply, ex.tool_calls, thinking, ex.stop)
+        s = self.session
+        for ex in s.archive + s.exchanges:
+            await self.transcript.add_exchange(ex.user, s.reply_parts(ex), ex.tool_calls, ex.stop)
         self.transcript.mark_dropped(len(self.session.archive))  # out of the context: dimmed, as when trimmed
 
     async def show_error(self, ev: Error) -> None:

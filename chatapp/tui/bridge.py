@@ -21,17 +21,17 @@ from collections.abc import Callable, Iterable
 
 from textual.message import Message
 
-from chatapp.chat.events import Error, Event, TextDelta
+from chatapp.chat.events import Error, Event, TextDelta, TextKind
 
 BATCH_INTERVAL_S = 0.05
 
 
 class TextBatch(Message):
-    """Reply text: one or more deltas, joined; all thinking or all answer."""
+    """Reply text: one or more deltas of one kind, joined."""
 
-    def __init__(self, text: str, thinking: bool = False) -> None:
+    def __init__(self, text: str, kind: TextKind = "answer") -> None:
         super().__init__()
-        self.text, self.thinking = text, thinking
+        self.text, self.kind = text, kind
 
 
 class SessionEvent(Message):
@@ -99,23 +99,23 @@ def pump(events: Iterable[Event], post: Callable[[Message], object], gate: Gate 
     """Drain `events` into `post`; returns how many TextBatch messages were posted."""
     gate = gate or Gate()
     pending: list[str] = []
-    thinking = False  # what `pending` is: a batch never mixes thinking and answer
+    kind: TextKind = "answer"  # what `pending` is: a batch never mixes kinds
     batches = 0
 
     def flush() -> None:
         nonlocal batches
         if pending:
             gate.sent()
-            post(TextBatch("".join(pending), thinking))
+            post(TextBatch("".join(pending), kind))
             pending.clear()
             batches += 1
 
     try:
         for ev in events:
             if isinstance(ev, TextDelta):
-                if ev.thinking != thinking:
+                if ev.kind != kind:
                     flush()
-                    thinking = ev.thinking
+                    kind = ev.kind
                 pending.append(ev.text)
                 if gate.ready():
                     flush()

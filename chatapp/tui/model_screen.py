@@ -80,9 +80,7 @@ class ModelSwitching:
 
     async def show_switch(self, ev: ModelSwitched) -> None:
         """The keeper holds the new session now: the transcript stays as it is (the same text),
-        dimming what a smaller context left out; the new template names the tool markers from
-        here on, and the turn figures belonged to the old model."""
-        self.show_markers()
+        dimming what a smaller context left out; the turn figures belonged to the old model."""
         self.transcript.mark_dropped(ev.dropped_exchanges)
         self.panel.clear_turns()
         dropped = f", {ev.dropped_exchanges} exchange(s) out" if ev.dropped_exchanges else ""

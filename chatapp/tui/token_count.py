@@ -32,8 +32,10 @@ class TokenCount:
             pass
 
     def input_tokens(self) -> str:
-        text, s = self.input.text, self.session
-        if s is None or not text.strip() or text.lstrip().startswith("/") and not text.lstrip().startswith("//"):
+        text, s = self.input.text, self.session  # a --backend session has no tokenizer here
+        if s is None or s.tok is None or not text.strip():
+            return ""
+        if text.lstrip().startswith("/") and not text.lstrip().startswith("//"):  # a command
             return ""
         n = len(s.tok.encode(text))
         room = s.message_room
