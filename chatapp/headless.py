@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import BinaryIO, TextIO
 
 from chatapp.chat.commands import is_text, split_input
-from chatapp.chat.events import Error, Event, Prefilling, Quit, Ready, TextDelta, to_json
+from chatapp.chat.events import Error, Event, Prefilling, Progress, Quit, Ready, TextDelta, to_json
 from chatapp.store.final_save import final_save
 from chatapp.store.keeper import ChatKeeper
 
@@ -64,8 +64,8 @@ def run_headless(chat: ChatKeeper, stream: BinaryIO, jsonl: bool = False, out: T
         events = chat.run_command(text) if kind == "command" else chat.send(text)
         for ev in events:
             match ev:
-                case TextDelta() | Prefilling():
-                    continue  # the turn event carries the whole reply; the trim event the re-prefill's figures
+                case TextDelta() | Prefilling() | Progress():
+                    continue  # the turn event carries the whole reply and its figures; the trim event the re-prefill's
                 case Quit():
                     return farewell(chat, out)
                 case _:

@@ -12,7 +12,7 @@ from test_headless import headless
 from test_session import Poison, assert_invariant, assert_transcript, fail_mid_reply, turn_of
 from test_thinking import scripted_qwen3
 
-from chatapp.chat.events import Branched, CacheState, Error, TextDelta, Trimmed
+from chatapp.chat.events import Branched, CacheState, Error, Progress, TextDelta, Trimmed
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.store.database import ChatStore
@@ -34,7 +34,7 @@ def talk(k: ChatKeeper, *users: str) -> None:
 
 
 def edit(k: ChatKeeper, line: str) -> list:
-    return [e for e in k.run_command(line) if not isinstance(e, TextDelta)]
+    return [e for e in k.run_command(line) if not isinstance(e, TextDelta | Progress)]  # the stream's live parts
 
 
 @pytest.fixture

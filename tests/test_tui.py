@@ -291,12 +291,21 @@ async def test_transcript_follows_the_reply_until_the_user_scrolls_up():
 
 
 async def test_panel_updates_while_the_model_writes():
-    # The SmolLM2 shape (random weights) writes slowly enough on a CPU to watch, where
-    # random:tiny can fill its whole context before the panel's first refresh.
+    """From the worker's Progress events: the UI thread never reads the session, and no timer polls it.
+    The SmolLM2 shape (random weights) writes slowly enough on a CPU to watch, where random:tiny
+    can fill its whole context before the panel's first update."""
+    import threading
+
     app = make_app("--model", "random:smollm2-135m", "--max-new-tokens", "100000", "--temperature", "0")
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         endless(app)
+        readers, stats = set(), app.session.stats
+
+        def watched_stats() -> dict:  # the real figures, noting which thread asked
+            readers.add(threading.current_thread() is threading.main_thread())
+            return stats()
+        app.session.stats = watched_stats
         await pilot.press(*"go", "enter")
         await until(pilot, lambda: app.batches > 0)
         seen = set()
@@ -309,6 +318,8 @@ async def test_panel_updates_while_the_model_writes():
         await pilot.press("escape")
         await until(pilot, lambda: not app.busy)
         assert len(seen) >= 3, seen
+        assert readers == {False}  # read once, by the worker, for the figures it ends the turn with
+        assert row(app, "cache_seqlens") == f"{app.session.cache.pos} / {app.session.cache.capacity}"
 
 
 async def test_palette_runs_commands():

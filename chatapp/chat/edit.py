@@ -72,6 +72,7 @@ def rewind_and_send(session: Session, n: int, text: str, new: list[int]) -> Iter
         start = session.exchanges[i].start
         session.truncate(start)
         del session.exchanges[i:]
+        session.forget_turn_stats()
         yield session.state("edit", f"rewound to message {n}: {session.cache.pos} tokens stay cached")
         yield from session.turn(text, new)
     yield from session._undoable(turn())

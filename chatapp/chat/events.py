@@ -77,6 +77,44 @@ class Prefilling:
     event: str = "prefill"
 
 
+@dataclass
+class Memory:
+    """The process's memory (chat/memory.py reads it): RSS, and on CUDA the allocator's figures."""
+
+    rss: int
+    cuda_allocated: int | None = None
+    cuda_reserved: int | None = None
+
+
+@dataclass
+class Progress:
+    """A turn in flight, from the worker that runs it: after each prefill chunk, and at most
+    every `chat/reply.py`'s PROGRESS_S while decoding. What a face shows live (the TUI's panel
+    and prefill bar); headless mode skips it."""
+
+    phase: Literal["prefill", "decode"]
+    done: int                # prefill: this turn's pending tokens now in the cache; decode: tokens written
+    total: int               # prefill: the tokens this turn prefills; decode: max_new_tokens
+    elapsed_s: float         # since the reply started (its prefill)
+    cache_seqlens: int
+    capacity: int
+    kv_bytes_used: int
+    memory: Memory
+    event: str = "progress"
+
+
+@dataclass
+class SessionFigures:
+    """The session's figures as the worker leaves them after an input (a turn, a command, a
+    load): its /stats, the process's memory, and the chat's per-turn figures (the session's one
+    list, copied). What the TUI's panel shows between turns; headless mode never sees it."""
+
+    stats: dict
+    memory: Memory
+    turns: list[TurnStats] = field(default_factory=list)
+    event: str = "figures"
+
+
 # What moved the cache: a new chat, retry's rewind, an undone exchange, a new system prompt,
 # a turn the model failed in, put back as it was before it, or /edit's rewind to an earlier message.
 CacheStep = Literal["reset", "retry", "undo", "system", "undone", "edit"]
@@ -213,7 +251,7 @@ class ModelSwitched:
 
 
 Event = (TextDelta | ToolCall | TurnStats | Trimmed | CacheState | Info | Error | Quit | Saved | Restored
-         | Prefilling | Branched | Copied | ModelSwitched | Ready)
+         | Prefilling | Branched | Copied | ModelSwitched | Ready | Progress | SessionFigures)
 
 
 def to_json(ev: Event) -> dict:

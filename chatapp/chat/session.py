@@ -12,28 +12,26 @@ that true when it returns or yields.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Generator as Yields
 from collections.abc import Iterator
 from dataclasses import replace
 
-from chatapp.chat import trim, whole
+from chatapp.chat import reply, trim, whole
 from chatapp.chat.attach import PASTED, Attachment, Attachments, Budget, file_command
 from chatapp.chat.clip import pick_reply
 from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
-from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, Trimmed, TurnStats
+from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, SessionFigures, Trimmed, TurnStats
 from chatapp.chat.exchange import Exchange
 from chatapp.chat.figures import stats_line, weights_format
-from chatapp.chat.kinds import Part, ReplyText, answer_text, reply_text, stored_parts, thinking_text
+from chatapp.chat.kinds import Part, answer_text, stored_parts
+from chatapp.chat.memory import read_memory
 from chatapp.chat.respond import adopt_history, parse_messages
 from chatapp.chat.settings import Settings, set_command
-from chatapp.chat.tools import ToolRunner
 from model.chat_formats.completion import MODE as COMPLETION_MODE
 from model.chat_formats.whole import Rendered
 from model.errors import UserError
 from model.generate import Generator
 from model.loading import LoadedModel
-from model.sampling import SamplingConfig
 
 
 class Session:
@@ -110,6 +108,10 @@ class Session:
             self.cache.rewind(n)
             self.gen.forget()
 
+    def forget_turn_stats(self) -> None:
+        """The figures of turns no longer in the chat (/undo, /edit) leave its list with them."""
+        self.history = [st for st in self.history if st.turn <= self.turns]
+
     def state(self, event: str, detail: str = "") -> CacheState:
         return CacheState(event, self.cache.pos, self.cache.capacity, len(self.tokens), detail)
 
@@ -177,13 +179,13 @@ class Session:
             whole.sync(self, text)
             start = max((ex.end for ex in self.exchanges if ex.end >= 0), default=len(self.template.start(self.system)))
             self.exchanges.append(Exchange(text, min(start, len(self.tokens)), len(self.tokens)))
-            yield from self._reply(trimmed)
+            yield from reply.write(self, trimmed)
             return
         self._last_reply_as_history()
         trimmed = yield from self._make_room(len(new))
         self.exchanges.append(Exchange(text, len(self.tokens), len(self.tokens) + len(new)))
         self.tokens.extend(new)
-        yield from self._reply(trimmed)
+        yield from reply.write(self, trimmed)
 
     def user_turn(self, text: str) -> list[int]:
         """The tokens a user message adds (the first one carries the system prompt in some formats)."""
@@ -200,13 +202,13 @@ class Session:
         conversation stay intact. The cache keeps only the K/V still valid for the restored
         tokens, so the invariant holds."""
         saved = (list(self.tokens), [replace(ex, tool_calls=list(ex.tool_calls)) for ex in self.exchanges],
-                 list(self.archive), len(self.history))
+                 list(self.archive), list(self.history))
         try:
             yield from turn
         except Exception as e:  # a model failure must not lose the chat
             held = self.tokens[:self.cache.pos]  # what the cache holds K/V for, at the failure
             self.tokens, self.exchanges, self.archive = saved[0], saved[1], saved[2]
-            del self.history[saved[3]:]
+            self.history = saved[3]
             valid = next((i for i, (a, b) in enumerate(zip(self.tokens, held, strict=False)) if a != b),
                          min(len(self.tokens), len(held)))
             if self.cache.pos > valid:
@@ -232,75 +234,6 @@ class Session:
             self.truncate(ex.reply_start)
             self.tokens += hist + closing
             ex.end = len(self.tokens)
-
-    def _reply(self, trimmed: Trimmed | None = None) -> Iterator[Event]:
-        """Prefill what is pending and decode. A trim just before (`trimmed`) is part of the wait
-        for the first token: its re-prefill counts in the turn's TTFT and prefill tokens."""
-        ex = self.exchanges[-1]
-        s = self.settings
-        self.gen.configure(SamplingConfig(**s.sampler_values()))
-        if self.cache.pos == len(self.tokens):  # nothing pending (a retry): re-feed one token for logits
-            self.cache.rewind(self.cache.pos - 1)
-        cached_before = self.cache.pos
-        t0 = time.perf_counter()
-        self.gen.prefill(self.tokens[cached_before:])
-        prefill_tokens = self.cache.pos - cached_before
-        tools = ToolRunner(self.template, self.tok)
-        text = ReplyText(self.template, self.tok)
-        closing = len(self.template.end_reply())
-        stop, n, t_first = "length", 0, None
-        while n < self.settings.max_new_tokens:
-            token = self.gen.sample()
-            if t_first is None:
-                t_first = time.perf_counter()
-            if token in self.template.stop_ids:
-                stop = "end"
-                break
-            self.tokens.append(token)
-            n += 1
-            yield from text.push(token)
-            if self.cancel_flag.is_set():
-                stop = "cancel"
-                break
-            forced = tools.after(token)
-            if self.cache.free < 1 + len(forced) + closing:
-                break  # the context is full: end the reply here, closed properly
-            self.gen.feed(token)
-            if tools.new_call:
-                yield tools.new_call
-            if forced:
-                self.tokens.extend(forced)
-                self.gen.prefill(forced)
-                for token in forced:
-                    yield from text.push(token)
-        yield from text.flush()
-        t_end = time.perf_counter()
-        ex.reply = self.tok.decode(self.tokens[ex.reply_start:])  # the store's text: markers and all
-        ex.parts = text.parts.parts
-        ex.tool_calls, ex.stop = tools.calls, stop
-        if whole.is_whole(self):  # closed as the template closes it; the cache keeps what still matches
-            whole.close(self, ex, self.tokens[ex.reply_start:])
-        else:
-            self.tokens.extend(self.template.end_reply())  # pending until the next turn
-            ex.end = len(self.tokens)
-        if trimmed is not None:  # the trim recomputed the history: nothing was reused
-            t0 -= trimmed.reprefill_ms / 1000
-            prefill_tokens, cached_before = prefill_tokens + cached_before, 0
-        st = self._stats(ex, prefill_tokens, cached_before, n, t0, t_first or t_end, t_end, stop)
-        st.reprefilled_tokens = trimmed.reprefilled_tokens if trimmed else 0
-        yield st
-
-    def _stats(self, ex, prefill_tokens, cached_before, n, t0, t_first, t_end, stop) -> TurnStats:
-        decode_s = t_end - t_first
-        st = TurnStats(
-            turn=self.turns, user=ex.user, reply=reply_text(ex.parts), thinking=thinking_text(ex.parts),
-            prefill_tokens=prefill_tokens, cached_before=cached_before, cache_seqlens=self.cache.pos,
-            capacity=self.cache.capacity, decode_tokens=n, ttft_ms=(t_first - t0) * 1000,
-            tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0, stop=stop,
-            kv_bytes_used=self.cache.bytes_used, kv_bytes_allocated=self.cache.bytes_allocated,
-            backend=self.lm.model.attn.name, tool_calls=list(ex.tool_calls))
-        self.history.append(st)
-        return st
 
     def _make_room(self, incoming: int) -> Yields[Event, None, Trimmed | None]:
         """If the new turn and a reply do not fit, drop the oldest whole exchanges down to the
@@ -352,13 +285,14 @@ class Session:
             else:
                 self.truncate(self.exchanges[-1].reply_start)
             yield self.state("retry")
-            yield from self._reply()
+            yield from reply.write(self)
         yield from self._undoable(retry())
 
     def undo(self, _arg: str = "") -> Iterator[Event]:
         if not self.exchanges:
             raise UserError("/undo: nothing to undo")
         ex = self.exchanges.pop()
+        self.forget_turn_stats()
         if whole.is_whole(self):
             whole.adopt(self, self.template.render(self.system, whole.pairs_of(self, self.exchanges), None)
                         if self.exchanges else Rendered(self.template.start(self.system), []), self.exchanges)
@@ -420,12 +354,15 @@ class Session:
              "backend": self.lm.model.attn.name, "turns": self.turns, **self.settings.sampling_values()}
         if getattr(self.template, "completion", False):  # only then: a chat model's figures stay as they were
             d["mode"] = COMPLETION_MODE
-        kept = [st for st in self.history if st.turn <= self.turns]  # an /undo takes its turn's figures too
-        if kept:
-            last = kept[-1]
+        if self.history:
+            last = self.history[-1]
             d |= {"last_prefill_tokens": last.prefill_tokens, "last_ttft_ms": round(last.ttft_ms, 2),
                   "last_tokens_per_s": round(last.tokens_per_s, 2)}
         return d
+
+    def figures(self) -> SessionFigures:
+        """What the TUI's panel shows between turns; its worker reads it, never the UI thread."""
+        return SessionFigures(self.stats(), read_memory(str(self.cache.device)), list(self.history))
 
     def stats_text(self) -> str:
         return stats_line(self.stats())

@@ -18,8 +18,20 @@ from chatapp.chat.attach import PASTED, Attachment, Attachments, Budget, file_co
 from chatapp.chat.clip import pick_reply
 from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
 from chatapp.chat.edit import parse_edit
-from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, TextDelta, ToolCall, TurnStats
+from chatapp.chat.events import (
+    CacheState,
+    Copied,
+    Error,
+    Event,
+    Info,
+    Quit,
+    SessionFigures,
+    TextDelta,
+    ToolCall,
+    TurnStats,
+)
 from chatapp.chat.kinds import Part, PartsBuilder
+from chatapp.chat.memory import read_memory
 from chatapp.chat.settings import Settings, set_command
 from chatapp.remote.client import Figures, OpenAIClient, RemoteError
 from model.errors import UserError
@@ -176,6 +188,7 @@ class RemoteSession:
         if not self.exchanges:
             raise UserError("/undo: nothing to undo")
         self.exchanges.pop()
+        self.history = [st for st in self.history if st.turn <= self.turns]  # its figures go with it
         yield self.state("undo")
 
     def edit(self, arg: str) -> Iterator[Event]:
@@ -184,6 +197,7 @@ class RemoteSession:
         if not 1 <= n <= len(self.exchanges):
             raise UserError(f"/edit: there is no message {n} (the chat has {len(self.exchanges)})")
         del self.exchanges[n - 1:]
+        self.history = [st for st in self.history if st.turn <= self.turns]
         yield self.state("edit", f"rewound to message {n}")
         self.exchanges.append(RemoteExchange(text))
         yield from self._reply()
@@ -228,6 +242,9 @@ class RemoteSession:
         room = (self.context or 32768) - (self.last.cache_seqlens if self.last else 0)
         return Budget(lambda body: len(body) // CHARS_PER_TOKEN + 1, room,
                       "the server's context is the limit (an estimate: its tokenizer is not here)")
+
+    def figures(self) -> SessionFigures:
+        return SessionFigures(self.stats(), read_memory("remote"), list(self.history))
 
     def stats(self) -> dict:
         last = self.last

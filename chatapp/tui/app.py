@@ -28,6 +28,7 @@ from chatapp.chat.events import (
     Event,
     Info,
     Prefilling,
+    Progress,
     Quit,
     Restored,
     Saved,
@@ -39,7 +40,7 @@ from chatapp.chat.figures import human_ms
 from chatapp.config import load_config
 from chatapp.options import FlagError
 from chatapp.tui.bridge import Gate, Loaded, LoadFailed, LoadProgress, SessionEvent, TextBatch, TurnFinished, pump
-from chatapp.tui.cache_panel import CachePanel, read_memory
+from chatapp.tui.cache_panel import CachePanel
 from chatapp.tui.chats_screen import ChatAction, ChatsScreen
 from chatapp.tui.clipboard import CodeTranscript, copy_text
 from chatapp.tui.editing import Editing
@@ -57,9 +58,6 @@ if TYPE_CHECKING:  # the keeper imports torch, which must not delay the first fr
 
 Opener = Callable[[argparse.Namespace, Callable[[object], None]], "ChatKeeper"]
 
-PANEL_REFRESH_S = 0.25  # the panel updates at least 4 times a second while the model writes
-
-
 CHAT_ACTIONS = {"stop", "chats", "copy_reply", "help"}
 
 
@@ -72,7 +70,7 @@ def failure_title(e: Exception) -> str:
     return "nanochat-tui could not start"
 
 
-class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
+class ChatApp(ModelSwitching, TokenCount, Editing):
     CSS_PATH = "app.tcss"
     TITLE = "nanochat-tui"
     # Below 80 columns the 38-column cache panel would squeeze the chat (at 42 the input box
@@ -133,7 +131,7 @@ class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
         spec = self.args.model or "the default model"
         self.sub_title = visible(f"loading {spec}")
         await self.transcript.mount(LoadStatus(f"Loading {spec}…"))
-        self.panel_timer = self.set_interval(PANEL_REFRESH_S, self.refresh_panel, pause=True)
+        self.prefill_watch = PrefillWatch(self.transcript)
         self.input.cursor_blink = not self.stable  # a blinking cursor would make snapshots flaky
         self.config_theme()
         self.load_session()
@@ -162,7 +160,7 @@ class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
         except Exception as e:  # a failed load is shown as one line, never a traceback
             self.post_message(LoadFailed(f"{type(e).__name__}: {e}"))
         else:
-            self.post_message(Loaded(chat))
+            self.post_message(Loaded(chat, chat.session.figures()))  # read here, off the UI thread
 
     def open_chat(self, args: argparse.Namespace, progress: Callable[[object], None]) -> ChatKeeper:
         if getattr(args, "backend", None):
@@ -192,14 +190,15 @@ class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
             await self.transcript.notice(warning.removeprefix("nanochat-tui: "), "warning")
         if keeper.restored is not None:
             await self.transcript.notice(f"Chat #{keeper.chat_id} {keeper.title}: {keeper.restored.line}.", "dim")
-        self.panel.show_restore(keeper.restored.line if keeper.restored else "")
+        self.panel.apply(msg.figures)
+        if keeper.restored is not None:
+            self.panel.apply(keeper.restored)
         self.show_chat()
         await self.transcript.notice(f"{s.lm.name} is ready. Enter sends, Ctrl+J adds a line, "
                                      "Esc stops a reply, F1 shows help.", "dim")
         self.input.disabled = False
         self.input.placeholder = "Message, or /help"
         self.input.focus()
-        self.refresh_panel()
 
     # --- input -------------------------------------------------------------------------
     async def on_chat_input_submitted(self, msg: ChatInput.Submitted) -> None:
@@ -264,33 +263,33 @@ class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
 
     def start_turn(self, events: Callable[[], Iterator[Event]], kind: str) -> None:
         self.busy, self.turn_kind = True, kind
-        self.watch_start()
-        self.panel_timer.resume()
         self.gate = Gate()
         self.run_turn(events, self.gate)
 
     @work(thread=True, exclusive=True, group="turn", exit_on_error=False)
     def run_turn(self, events: Callable[[], Iterator[Event]], gate: Gate) -> None:
-        pump(events(), self.post_message, gate)
+        pump(events(), self.post_message, gate, lambda: self.session.figures())  # read here, in the worker
 
     # --- session events ----------------------------------------------------------------
     async def on_text_batch(self, msg: TextBatch) -> None:
         self.batches += 1
-        self.watch_end()  # the first text: the prefill is over
+        self.prefill_watch.end()  # the first text: the prefill is over
         await (await self.transcript.reply()).write(msg.text, msg.kind)
         self.call_after_refresh(self.gate.drawn)
 
     async def on_session_event(self, msg: SessionEvent) -> None:
         ev, t = msg.event, self.transcript
+        self.panel.apply(ev)
+        if isinstance(ev, Progress):
+            self.prefill_watch.apply(ev)
+            return
         if not isinstance(ev, Prefilling):
-            self.watch_end()  # the prefill is over (or a trim's own progress shows it)
-        self.panel.show_progress(ev)  # a re-prefill (trim or /model): its progress row
+            self.prefill_watch.end()  # the prefill is over (or a trim's own progress shows it)
         match ev:
             case ToolCall():
                 await (await t.reply()).add_tool_call(ev)
             case TurnStats():
                 await (await t.reply()).finish(ev.stop, len(ev.tool_calls))
-                self.panel.show_turn(ev)
             case CacheState():
                 await self.show_cache_state(ev)
             case Trimmed():
@@ -308,7 +307,6 @@ class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
                 copy_text(self, ev.text, f"reply {ev.reply} of {ev.of}")
             case Restored():  # a stored chat is now the session's (on its own model, maybe)
                 await self.show_history()
-                self.panel.clear_turns()
                 await t.notice(f"Opened chat #{ev.chat} {ev.title}: {ev.line}.", "dim")
             case Branched():
                 await self.show_branch(ev)
@@ -317,19 +315,7 @@ class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
                                "KV snapshot).", "dim")
             case _:  # a model switch's progress and outcome
                 await self.show_model_event(ev)
-        if isinstance(ev, Restored) and self.keeper.restored:
-            self.panel.show_restore(self.keeper.restored.line)
-        elif isinstance(ev, Trimmed) or (isinstance(ev, CacheState) and ev.event in ("reset", "system")) \
-                or self.cuts_restore(ev):
-            self.panel.show_restore("")
         self.show_chat()
-        self.refresh_panel()
-
-    def cuts_restore(self, ev: Event) -> bool:
-        """An /undo or /retry that rewound the cache below what the stored chat's restore gave
-        back: the restore line would describe K/V that is gone (a trim recomputes all of it)."""
-        r = self.keeper.restored
-        return isinstance(ev, CacheState) and r is not None and ev.cache_seqlens < r.cache_seqlens
 
     def show_chat(self) -> None:
         """The header names the model and, once it is stored, the chat."""
@@ -341,13 +327,11 @@ class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
         t = self.transcript
         if ev.event in ("reset", "system"):
             await t.clear()
-            self.panel.clear_turns()
             await t.notice(ev.detail or "New chat: the cache is empty.", "dim")
         elif ev.event == "retry":
             await t.remove_last_reply()
         elif ev.event == "undo":
             await t.remove_last_exchange()
-            self.panel.undo_turns(self.session.turns)
         elif ev.event == "undone":  # the model failed mid-turn: the session is as before it
             await self.show_history()
             if self.turn_kind == "send" and not self.input.text:
@@ -371,19 +355,13 @@ class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
         if self.quitting:
             self.exit()
         self.busy = False
-        self.watch_end()
+        self.prefill_watch.end()
         self.inputs_done += 1
-        self.panel_timer.pause()
-        self.refresh_panel()
+        if msg.figures is not None:
+            self.panel.apply(msg.figures)
         self.show_attached()
         if self.session is not None:
             self.show_chat()  # the keeper may detach (/reset) after its last event: name the chat as it ended
-
-    def refresh_panel(self) -> None:
-        if self.session is not None:
-            stats = self.session.stats()
-            self.panel.show_stats(stats, read_memory(stats["device"]))
-            self.watch(stats)
 
     # --- actions -----------------------------------------------------------------------
     def action_stop(self) -> None:

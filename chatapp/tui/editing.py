@@ -9,7 +9,6 @@ from __future__ import annotations
 from textual.app import App
 
 from chatapp.chat.events import Branched
-from chatapp.tui.cache_panel import CachePanel
 from chatapp.tui.input import ChatInput
 from chatapp.tui.transcript import Transcript
 
@@ -56,6 +55,5 @@ class Editing(App[None]):
         transcript = self.query_one(Transcript)
         transcript.highlight(None)
         await transcript.cut_from(ev.from_message)
-        self.query_one(CachePanel).undo_turns(ev.from_message - 1)  # their figures go with them
         await transcript.notice(ev.line + ".", "dim")
         await transcript.add_user(ev.text)

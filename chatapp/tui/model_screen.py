@@ -15,7 +15,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
-from chatapp.chat.events import Event, ModelSwitched, Prefilling
+from chatapp.chat.events import Event, ModelSwitched
 from chatapp.tui.visible import visible
 
 
@@ -72,17 +72,11 @@ class ModelSwitching:
             await self.submit(f"/model {spec}")
 
     async def show_model_event(self, ev: Event) -> None:
-        match ev:
-            case Prefilling(reason="model"):
-                self.panel.show_restore(f"re-prefilling {ev.done} / {ev.total} tokens")
-            case ModelSwitched():
-                await self.show_switch(ev)
+        if isinstance(ev, ModelSwitched):  # its progress is the panel's (CachePanel.apply)
+            await self.show_switch(ev)
 
     async def show_switch(self, ev: ModelSwitched) -> None:
         """The keeper holds the new session now: the transcript stays as it is (the same text),
         dimming what a smaller context left out; the turn figures belonged to the old model."""
         self.transcript.mark_dropped(ev.dropped_exchanges)
-        self.panel.clear_turns()
-        dropped = f", {ev.dropped_exchanges} exchange(s) out" if ev.dropped_exchanges else ""
-        self.panel.show_restore(f"switched: re-prefilled {ev.reprefilled_tokens} tokens{dropped}")
         await self.transcript.notice(f"Switched from {ev.previous} to {ev.line}.", "dim")
