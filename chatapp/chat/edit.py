@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from chatapp.chat.events import Event
+from chatapp.chat.undoable import undoable
 from model.errors import UserError
 
 if TYPE_CHECKING:  # the session imports nothing from here: no cycle, only the type
@@ -65,7 +66,7 @@ def check_edit(session: Session, arg: str) -> tuple[int, str, list[int]]:
 
 def rewind_and_send(session: Session, n: int, text: str, new: list[int]) -> Iterator[Event]:
     """Cut the chat back to the start of message `n` and send `text` there. A model failure
-    puts the whole chat back as it was before the edit (Session._undoable)."""
+    puts the whole chat back as it was before the edit (chat/undoable.py)."""
     i = exchange_index(session, n)
 
     def turn() -> Iterator[Event]:
@@ -75,4 +76,4 @@ def rewind_and_send(session: Session, n: int, text: str, new: list[int]) -> Iter
         session.forget_turn_stats()
         yield session.state("edit", f"rewound to message {n}: {session.cache.pos} tokens stay cached")
         yield from session.turn(text, new)
-    yield from session._undoable(turn())
+    yield from undoable(session, turn())

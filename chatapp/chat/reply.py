@@ -3,7 +3,7 @@ forced through the model (chat/tools.py), the tokens turned into events: `TextDe
 (chat/kinds.py), `ToolCall`s, `Progress` while it runs, and the turn's `TurnStats` last.
 
 A function of the session (like chat/trim.py): `Session.turn` and `/retry` call it inside
-`_undoable`, so the cache invariant holds after every event it yields.
+`undoable` (chat/undoable.py), so the cache invariant holds after every event it yields.
 """
 
 from __future__ import annotations

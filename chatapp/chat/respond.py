@@ -16,12 +16,15 @@ cost a re-prefill of the reply for nothing); any other reply is encoded from its
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from chatapp.chat import whole
+from chatapp.chat.commands import is_text
+from chatapp.chat.events import Error, Event
 from chatapp.chat.exchange import Exchange
+from chatapp.chat.undoable import undoable
 from model.chat_formats.whole import Rendered
 from model.errors import UserError
 
@@ -127,3 +130,23 @@ def adopt_whole(s: Session, conv: Conversation) -> None:
     rendered = s.template.render(s.system, pairs, None) if pairs else Rendered(s.template.start(s.system), [])
     whole.adopt(s, rendered, exchanges)
     s.history = [st for st in s.history if st.turn <= len(exchanges)]
+
+
+def respond_to(s: Session, messages: list[dict]) -> Iterator[Event]:
+    """`Session.respond_to`: the history becomes `messages` (refused whole, nothing moved, if
+    they cannot be), then the last user message is sent as a turn."""
+    saved = (list(s.tokens), list(s.exchanges), list(s.archive), s.settings.system)
+    try:
+        conv = parse_messages(messages)
+        if not conv.user.strip() or not is_text(conv.user):  # refused before anything moves
+            s.user_tokens(conv.user.strip(), first=False)
+        adopt_history(s, conv)
+        new = s.user_tokens(conv.user.strip(), first=not s.exchanges)
+    except UserError as e:
+        # the cache holds a prefix the old and new token lists share: the old one is valid
+        s.tokens, s.exchanges, s.archive, s.settings.system = saved
+        yield Error(str(e))
+        return
+    s.cancel_flag.clear()
+    yield from undoable(s, s.turn(conv.user.strip(), new))
+

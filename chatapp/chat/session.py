@@ -12,22 +12,20 @@ that true when it returns or yields.
 from __future__ import annotations
 
 import threading
-from collections.abc import Generator as Yields
 from collections.abc import Iterator
-from dataclasses import replace
 
-from chatapp.chat import reply, trim, whole
+from chatapp.chat import reply, respond, trim, whole
 from chatapp.chat.attach import PASTED, Attachment, Attachments, Budget, file_command
 from chatapp.chat.clip import pick_reply
 from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
 from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, SessionFigures, Trimmed, TurnStats
 from chatapp.chat.exchange import Exchange
-from chatapp.chat.figures import stats_line, weights_format
+from chatapp.chat.figures import stats_line
 from chatapp.chat.kinds import Part, answer_text, stored_parts
 from chatapp.chat.memory import read_memory
-from chatapp.chat.respond import adopt_history, parse_messages
 from chatapp.chat.settings import Settings, set_command
-from model.chat_formats.completion import MODE as COMPLETION_MODE
+from chatapp.chat.stats import session_stats
+from chatapp.chat.undoable import undoable
 from model.chat_formats.whole import Rendered
 from model.errors import UserError
 from model.generate import Generator
@@ -99,7 +97,7 @@ class Session:
     def fit(self) -> list[Trimmed]:
         """After `adopt` of a conversation made for a longer context (/model): drop the oldest
         exchanges, as a full context does, until a reply fits. A trim refills the cache."""
-        return [ev for ev in self._make_room(0) if isinstance(ev, Trimmed)]
+        return [ev for ev in trim.make_room(self, 0) if isinstance(ev, Trimmed)]
 
     def truncate(self, n: int) -> None:
         """Cut the token list to n tokens, rewinding the cache if it held more."""
@@ -133,7 +131,7 @@ class Session:
         def turn() -> Iterator[Event]:
             yield from self.turn(text, new)
             self.attached.clear()  # sent with this message (one the model failed on keeps them)
-        yield from self._undoable(turn())
+        yield from undoable(self, turn())
 
     def respond_to(self, messages: list[dict]) -> Iterator[Event]:
         """An OpenAI-style message list (an optional system message, then user and assistant
@@ -141,20 +139,7 @@ class Session:
         rewinding the cache to the longest token prefix it shares with them
         (chatapp/chat/respond.py), and the last user message is sent as a turn. The events
         are `send`'s: `cached_before` is the prefix reused, `prefill_tokens` what was not."""
-        saved = (list(self.tokens), list(self.exchanges), list(self.archive), self.settings.system)
-        try:
-            conv = parse_messages(messages)
-            if not conv.user.strip() or not is_text(conv.user):  # refused before anything moves
-                self.user_tokens(conv.user.strip(), first=False)
-            adopt_history(self, conv)
-            new = self.user_tokens(conv.user.strip(), first=not self.exchanges)
-        except UserError as e:
-            # the cache holds a prefix the old and new token lists share: the old one is valid
-            self.tokens, self.exchanges, self.archive, self.settings.system = saved
-            yield Error(str(e))
-            return
-        self.cancel_flag.clear()
-        yield from self._undoable(self.turn(conv.user.strip(), new))
+        yield from respond.respond_to(self, messages)
 
     def user_tokens(self, text: str, first: bool) -> list[int]:
         """The tokens a user message adds (with the system prompt folded in when it is the
@@ -164,15 +149,19 @@ class Session:
             raise UserError("empty message")
         if not is_text(text):
             raise UserError("message is not valid Unicode (it holds a lone surrogate); nothing was sent")
-        new = self.template.user_turn(text, self.system if first else "")
+        new = self.turn_tokens(text, first)
         room = self.message_room
         if len(new) > room:
             raise UserError(f"message too long: {len(new)} tokens, the context holds {room} after the "
                             f"system prompt ({self.room_hint()})")
         return new
 
+    def turn_tokens(self, text: str, first: bool) -> list[int]:
+        """The template's tokens for a user message, unchecked (a /file's size is measured with it)."""
+        return self.template.user_turn(text, self.system if first else "")
+
     def turn(self, text: str, new: list[int]) -> Iterator[Event]:
-        """The turn for a message `user_tokens` gave `new` for; run it inside `_undoable`."""
+        """The turn for a message `user_tokens` gave `new` for; run it inside `undoable` (chat/undoable.py)."""
         self.cancel_flag.clear()  # before the trim's re-fill, so a stop pressed during it counts
         if whole.is_whole(self):  # the template rendered whole: chat/whole.py
             trimmed = yield from whole.make_room(self, text)
@@ -182,45 +171,15 @@ class Session:
             yield from reply.write(self, trimmed)
             return
         self._last_reply_as_history()
-        trimmed = yield from self._make_room(len(new))
+        trimmed = yield from trim.make_room(self, len(new))
         self.exchanges.append(Exchange(text, len(self.tokens), len(self.tokens) + len(new)))
         self.tokens.extend(new)
         yield from reply.write(self, trimmed)
-
-    def user_turn(self, text: str) -> list[int]:
-        """The tokens a user message adds (the first one carries the system prompt in some formats)."""
-        return self.template.user_turn(text, "" if self.exchanges else self.system)
 
     @property
     def message_room(self) -> int:
         """The most tokens one user turn may take: older exchanges are trimmed to make room for it."""
         return self.cache.capacity - self.prefix_len - 1
-
-    def _undoable(self, turn: Iterator[Event]) -> Iterator[Event]:
-        """Run a turn; if the model fails mid-turn (NaN logits from bad weights, out of memory),
-        put the chat back as it was before it and report one line: the user's message and the
-        conversation stay intact. The cache keeps only the K/V still valid for the restored
-        tokens, so the invariant holds."""
-        saved = (list(self.tokens), [replace(ex, tool_calls=list(ex.tool_calls)) for ex in self.exchanges],
-                 list(self.archive), list(self.history))
-        try:
-            yield from turn
-        except Exception as e:  # a model failure must not lose the chat
-            held = self.tokens[:self.cache.pos]  # what the cache holds K/V for, at the failure
-            self.tokens, self.exchanges, self.archive = saved[0], saved[1], saved[2]
-            self.history = saved[3]
-            valid = next((i for i, (a, b) in enumerate(zip(self.tokens, held, strict=False)) if a != b),
-                         min(len(self.tokens), len(held)))
-            if self.cache.pos > valid:
-                self.cache.rewind(valid)
-            self.gen.forget()
-            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-            yield self.state("undone")
-            if isinstance(e, UserError):   # the chat template refused the chat (chat_formats/whole.py)
-                yield Error(f"{reason}; the chat is as it was before this message")
-                return
-            yield Error(f"the model failed during this turn ({type(e).__name__}: {reason}); "
-                        f"the chat is as it was before it")
 
     def _last_reply_as_history(self) -> None:
         """A user message follows the last reply now: give it the tokens the official template
@@ -234,27 +193,6 @@ class Session:
             self.truncate(ex.reply_start)
             self.tokens += hist + closing
             ex.end = len(self.tokens)
-
-    def _make_room(self, incoming: int) -> Yields[Event, None, Trimmed | None]:
-        """If the new turn and a reply do not fit, drop the oldest whole exchanges down to the
-        low-water mark and re-prefill what is kept (chat/trim.py: the policy and why). The
-        system prompt stays. Returns the Trimmed event, whose cost the turn's figures include."""
-        drop = trim.count_to_drop(len(self.tokens), [ex.start for ex in self.exchanges], incoming,
-                                  self.settings.max_new_tokens, self.cache.capacity, self.settings.low_water)
-        if drop == 0:
-            return None
-        # families without a system role (nanochat) carry it in the first user turn
-        head = self.template.user_turn(self.exchanges[drop].user, self.system) if drop < len(self.exchanges) else []
-        done = trim.cut(self.tokens, self.exchanges, drop, head)
-        self.archive += self.exchanges[:drop]  # out of the context, still part of the chat
-        self.exchanges = self.exchanges[drop:]
-        self.cache.reset()
-        self.gen.forget()
-        seconds = yield from trim.reprefill(self.gen, self.tokens)
-        ev = Trimmed(done.dropped, done.removed, self.cache.pos, self.cache.pos, self.cache.capacity,
-                     seconds * 1000)
-        yield ev
-        return ev
 
     # --- commands (chatapp/chat/commands.py's table names these handlers) ----------
     def run_command(self, line: str) -> Iterator[Event]:
@@ -286,7 +224,7 @@ class Session:
                 self.truncate(self.exchanges[-1].reply_start)
             yield self.state("retry")
             yield from reply.write(self)
-        yield from self._undoable(retry())
+        yield from undoable(self, retry())
 
     def undo(self, _arg: str = "") -> Iterator[Event]:
         if not self.exchanges:
@@ -343,22 +281,11 @@ class Session:
         yield self.attached.add(Attachment(PASTED, text), self.budget())
 
     def budget(self) -> Budget:
-        return Budget(lambda body: len(self.user_turn(body)), self.message_room, self.room_hint())
+        return Budget(lambda body: len(self.turn_tokens(body, first=not self.exchanges)), self.message_room,
+                      self.room_hint())
 
     def stats(self) -> dict:
-        c = self.cache
-        d = {"model": self.lm.name, "cache_seqlens": c.pos, "capacity": c.capacity, "tokens": len(self.tokens),
-             "shape": list(c.shape), "dtype": str(c.dtype).removeprefix("torch."),
-             "weights": weights_format(self.lm.model), "device": str(c.device),
-             "kv_bytes_used": c.bytes_used, "kv_bytes_allocated": c.bytes_allocated,
-             "backend": self.lm.model.attn.name, "turns": self.turns, **self.settings.sampling_values()}
-        if getattr(self.template, "completion", False):  # only then: a chat model's figures stay as they were
-            d["mode"] = COMPLETION_MODE
-        if self.history:
-            last = self.history[-1]
-            d |= {"last_prefill_tokens": last.prefill_tokens, "last_ttft_ms": round(last.ttft_ms, 2),
-                  "last_tokens_per_s": round(last.tokens_per_s, 2)}
-        return d
+        return session_stats(self)
 
     def figures(self) -> SessionFigures:
         """What the TUI's panel shows between turns; its worker reads it, never the UI thread."""
