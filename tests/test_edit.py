@@ -133,8 +133,8 @@ def test_a_message_trimmed_out_of_the_context_is_refused(tiny):
     for i in range(6):
         trims += [e for e in k.send(f"message {i} says something") if isinstance(e, Trimmed)]
     s = k.session
-    assert trims and s.archive
-    a = len(s.archive)
+    assert trims and s.trimmed
+    a = len(s.trimmed)
     assert edit(k, "/edit 1 new") == [Error(f"/edit: message 1 was trimmed out of the context, so it cannot be "
                                             f"edited in place; messages {a + 1}-{s.turns} can")]
     st = turn_of(edit(k, f"/edit {a + 1} the oldest kept one"))

@@ -120,7 +120,7 @@ async def test_the_app_shows_thinking_dimmed_and_folds_it_once_the_answer_starts
         (view,) = reply.query(Thinking)
         assert view.text == "Plan" and view.collapsed and view.body.has_class("thinking")
         assert replies(app) == ["Hi!"]
-        await app.show_history()  # a restored chat is drawn the same way
+        await app.redraw()  # a restored chat is drawn the same way
         (view,) = app.transcript.exchanges[0].reply.query(Thinking)
         assert view.text == "Plan" and replies(app) == ["Hi!"]
 

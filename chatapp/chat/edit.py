@@ -45,7 +45,7 @@ def parse_edit(arg: str) -> tuple[int, str]:
 def exchange_index(session: Session, n: int) -> int:
     """Where message `n` (1-based, trimmed ones counted) is in `session.exchanges`; UserError
     when there is no such message in the context."""
-    archived, total = len(session.archive), session.turns
+    archived, total = len(session.trimmed), session.turns
     if total == 0:
         raise UserError("/edit: no message to edit yet")
     if not 1 <= n <= total:

@@ -54,7 +54,9 @@ class TurnStats:
 @dataclass
 class Trimmed:
     """The context was full: the oldest exchanges left it and what is kept was re-prefilled
-    (chat/trim.py), as part of the turn that follows (its TurnStats count this in)."""
+    (chat/trim.py), as part of the turn that follows (its TurnStats count this in). The chat
+    calls them trimmed (`Session.trimmed`, dimmed in the TUI); the JSON keeps its `dropped_*`
+    field names, which scripts read."""
 
     dropped_exchanges: int
     dropped_tokens: int

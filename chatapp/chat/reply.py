@@ -51,8 +51,8 @@ def prefill(s: Session, meter: Meter) -> Iterator[Progress]:
         yield meter.progress("prefill", min(i + step, len(pending)), len(pending))
 
 
-def write(s: Session, trimmed: Trimmed | None = None) -> Iterator[Event]:
-    """Prefill what is pending and decode. A trim just before (`trimmed`) is part of the wait
+def write(s: Session, trim_event: Trimmed | None = None) -> Iterator[Event]:
+    """Prefill what is pending and decode. A trim just before (`trim_event`) is part of the wait
     for the first token: its re-prefill counts in the turn's TTFT and prefill tokens."""
     ex = s.exchanges[-1]
     s.gen.configure(SamplingConfig(**s.settings.sampler_values()))
@@ -101,12 +101,12 @@ def write(s: Session, trimmed: Trimmed | None = None) -> Iterator[Event]:
         s.tokens.extend(s.template.end_reply())  # pending until the next turn
         ex.end = len(s.tokens)
     t0 = meter.t0
-    if trimmed is not None:  # the trim recomputed the history: nothing was reused
-        t0 -= trimmed.reprefill_ms / 1000
+    if trim_event is not None:  # the trim recomputed the history: nothing was reused
+        t0 -= trim_event.reprefill_ms / 1000
         prefill_tokens, cached_before = prefill_tokens + cached_before, 0
     st = stats(s, ex, prefill_tokens, cached_before, n, (t0, t_first or t_end, t_end), stop)
-    st.reprefilled_tokens = trimmed.reprefilled_tokens if trimmed else 0
-    s.history.append(st)
+    st.reprefilled_tokens = trim_event.reprefilled_tokens if trim_event else 0
+    s.turn_stats.append(st)
     yield st
 
 

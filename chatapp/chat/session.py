@@ -3,7 +3,7 @@
 INVARIANT (docs/cache-invariant.md): the cache holds exactly the K/V of
 `tokens[:cache.pos]`; `tokens[cache.pos:]` are pending and get prefilled at the start of
 the next generation. `tokens` always equals the chat template rendered over the
-exchanges in the context, piece by piece (a trim moves the oldest to `archive`, text
+exchanges in the context, piece by piece (a trim moves the oldest to `trimmed`, text
 only); a reply takes the form the template gives it in the history when the next user
 message comes (Qwen3 drops its thinking: docs/chat-formats.md). Every method below leaves
 that true when it returns or yields.
@@ -41,9 +41,9 @@ class Session:
         self.check_system_fits(self.system)
         self.gen = Generator(lm.model, self.cache, self.tok.vocab_size)
         self.cancel_flag = threading.Event()
-        self.history: list[TurnStats] = []
+        self.turn_stats: list[TurnStats] = []
         self.exchanges: list[Exchange] = []
-        self.archive: list[Exchange] = []  # trimmed out of the context: kept for the transcript and the store
+        self.trimmed: list[Exchange] = []  # trimmed out of the context: kept for the transcript and the store
         self.tokens: list[int] = []
         self.attached = Attachments()  # /file and large pastes: they go with the next message
         self.reset()
@@ -58,7 +58,7 @@ class Session:
     def turns(self) -> int:
         """Exchanges in this chat, trimmed ones included: a retry regenerates a turn, /undo and
         /reset remove them."""
-        return len(self.archive) + len(self.exchanges)
+        return len(self.trimmed) + len(self.exchanges)
 
     @property
     def prefix_len(self) -> int:
@@ -83,16 +83,16 @@ class Session:
         self.gen.forget()
         self.tokens = self.template.start(self.system)
         self.exchanges = []
-        self.archive = []
-        self.history = []  # turn figures belong to the chat they were measured in
+        self.trimmed = []
+        self.turn_stats = []  # turn figures belong to the chat they were measured in
 
-    def adopt(self, tokens: list[int], exchanges: list[Exchange], archive: list[Exchange] = ()) -> None:
+    def adopt(self, tokens: list[int], exchanges: list[Exchange], trimmed: list[Exchange] = ()) -> None:
         """Take over a stored conversation with an empty cache: every token is pending, so the
         invariant holds; the store then refills the cache (snapshot or prefill, chatapp/restore.py)."""
         self.cache.reset()
         self.gen.forget()
-        self.tokens, self.exchanges, self.archive = list(tokens), list(exchanges), list(archive)
-        self.history = []
+        self.tokens, self.exchanges, self.trimmed = list(tokens), list(exchanges), list(trimmed)
+        self.turn_stats = []
 
     def fit(self) -> list[Trimmed]:
         """After `adopt` of a conversation made for a longer context (/model): drop the oldest
@@ -108,7 +108,7 @@ class Session:
 
     def forget_turn_stats(self) -> None:
         """The figures of turns no longer in the chat (/undo, /edit) leave its list with them."""
-        self.history = [st for st in self.history if st.turn <= self.turns]
+        self.turn_stats = [st for st in self.turn_stats if st.turn <= self.turns]
 
     def state(self, event: str, detail: str = "") -> CacheState:
         return CacheState(event, self.cache.pos, self.cache.capacity, len(self.tokens), detail)
@@ -164,17 +164,17 @@ class Session:
         """The turn for a message `user_tokens` gave `new` for; run it inside `undoable` (chat/undoable.py)."""
         self.cancel_flag.clear()  # before the trim's re-fill, so a stop pressed during it counts
         if whole.is_whole(self):  # the template rendered whole: chat/whole.py
-            trimmed = yield from whole.make_room(self, text)
+            trim_event = yield from whole.make_room(self, text)
             whole.sync(self, text)
             start = max((ex.end for ex in self.exchanges if ex.end >= 0), default=len(self.template.start(self.system)))
             self.exchanges.append(Exchange(text, min(start, len(self.tokens)), len(self.tokens)))
-            yield from reply.write(self, trimmed)
+            yield from reply.write(self, trim_event)
             return
         self._last_reply_as_history()
-        trimmed = yield from trim.make_room(self, len(new))
+        trim_event = yield from trim.make_room(self, len(new))
         self.exchanges.append(Exchange(text, len(self.tokens), len(self.tokens) + len(new)))
         self.tokens.extend(new)
-        yield from reply.write(self, trimmed)
+        yield from reply.write(self, trim_event)
 
     @property
     def message_room(self) -> int:
@@ -259,7 +259,7 @@ class Session:
 
     def copy_reply(self, arg: str) -> Iterator[Event]:
         """`/copy [N]`: a reply's answer as the transcript shows it (no thinking, no tool spans)."""
-        replies = self.archive + self.exchanges
+        replies = self.trimmed + self.exchanges
         n = pick_reply(arg, len(replies))
         text = answer_text(self.reply_parts(replies[n - 1]))
         if not text.strip():
@@ -289,7 +289,7 @@ class Session:
 
     def figures(self) -> SessionFigures:
         """What the TUI's panel shows between turns; its worker reads it, never the UI thread."""
-        return SessionFigures(self.stats(), read_memory(str(self.cache.device)), list(self.history))
+        return SessionFigures(self.stats(), read_memory(str(self.cache.device)), list(self.turn_stats))
 
     def stats_text(self) -> str:
         return stats_line(self.stats())

@@ -21,8 +21,8 @@ def session_stats(s: Session) -> dict:
          "backend": s.lm.model.attn.name, "turns": s.turns, **s.settings.sampling_values()}
     if getattr(s.template, "completion", False):  # only then: a chat model's figures stay as they were
         d["mode"] = COMPLETION_MODE
-    if s.history:
-        last = s.history[-1]
+    if s.turn_stats:
+        last = s.turn_stats[-1]
         d |= {"last_prefill_tokens": last.prefill_tokens, "last_ttft_ms": round(last.ttft_ms, 2),
               "last_tokens_per_s": round(last.tokens_per_s, 2)}
     return d

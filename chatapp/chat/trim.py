@@ -119,7 +119,7 @@ def make_room(s: Session, incoming: int) -> Yields[Event, None, Trimmed | None]:
     # families without a system role (nanochat) carry it in the first user turn
     head = s.template.user_turn(s.exchanges[drop].user, s.system) if drop < len(s.exchanges) else []
     done = cut(s.tokens, s.exchanges, drop, head)
-    s.archive += s.exchanges[:drop]  # out of the context, still part of the chat
+    s.trimmed += s.exchanges[:drop]  # out of the context, still part of the chat
     s.exchanges = s.exchanges[drop:]
     s.cache.reset()
     s.gen.forget()

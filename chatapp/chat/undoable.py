@@ -19,12 +19,12 @@ def undoable(s: Session, turn: Iterator[Event]) -> Iterator[Event]:
     user's message and the conversation stay intact. The cache keeps only the K/V still valid
     for the restored tokens, so the invariant holds."""
     saved = (list(s.tokens), [replace(ex, tool_calls=list(ex.tool_calls)) for ex in s.exchanges],
-             list(s.archive), list(s.history))
+             list(s.trimmed), list(s.turn_stats))
     try:
         yield from turn
     except Exception as e:  # a model failure must not lose the chat
         held = s.tokens[:s.cache.pos]  # what the cache holds K/V for, at the failure
-        s.tokens, s.exchanges, s.archive, s.history = saved
+        s.tokens, s.exchanges, s.trimmed, s.turn_stats = saved
         valid = next((i for i, (a, b) in enumerate(zip(s.tokens, held, strict=False)) if a != b),
                      min(len(s.tokens), len(held)))
         if s.cache.pos > valid:

@@ -73,8 +73,8 @@ class RemoteSession:
         self.settings = settings or Settings()
         self.cancel_flag = threading.Event()
         self.exchanges: list[RemoteExchange] = []
-        self.archive: list[RemoteExchange] = []  # nothing is trimmed here: the server keeps the context
-        self.history: list[TurnStats] = []
+        self.trimmed: list[RemoteExchange] = []  # nothing is trimmed here: the server keeps the context
+        self.turn_stats: list[TurnStats] = []
         self.attached = Attachments()
         self.last: TurnStats | None = None
 
@@ -158,7 +158,7 @@ class RemoteSession:
                        capacity=self.context, decode_tokens=f.completion_tokens, ttft_ms=f.ttft_ms,
                        tokens_per_s=f.tokens_per_s, stop=stop, kv_bytes_used=0, kv_bytes_allocated=0,
                        backend="remote")
-        self.history.append(st)
+        self.turn_stats.append(st)
         self.last = st
         return st
 
@@ -175,7 +175,7 @@ class RemoteSession:
         yield from run_handler(getattr(self, cmd.spec.handler), cmd.arg)
 
     def reset_chat(self, _arg: str = "") -> Iterator[Event]:
-        self.exchanges, self.history, self.last = [], [], None
+        self.exchanges, self.turn_stats, self.last = [], [], None
         yield self.state("reset")
 
     def retry(self, _arg: str = "") -> Iterator[Event]:
@@ -188,7 +188,7 @@ class RemoteSession:
         if not self.exchanges:
             raise UserError("/undo: nothing to undo")
         self.exchanges.pop()
-        self.history = [st for st in self.history if st.turn <= self.turns]  # its figures go with it
+        self.turn_stats = [st for st in self.turn_stats if st.turn <= self.turns]  # its figures go with it
         yield self.state("undo")
 
     def edit(self, arg: str) -> Iterator[Event]:
@@ -197,14 +197,14 @@ class RemoteSession:
         if not 1 <= n <= len(self.exchanges):
             raise UserError(f"/edit: there is no message {n} (the chat has {len(self.exchanges)})")
         del self.exchanges[n - 1:]
-        self.history = [st for st in self.history if st.turn <= self.turns]
+        self.turn_stats = [st for st in self.turn_stats if st.turn <= self.turns]
         yield self.state("edit", f"rewound to message {n}")
         self.exchanges.append(RemoteExchange(text))
         yield from self._reply()
 
     def set_system(self, text: str) -> Iterator[Event]:
         self.settings.system = text
-        self.exchanges, self.history, self.last = [], [], None
+        self.exchanges, self.turn_stats, self.last = [], [], None
         yield self.state("system", "system prompt set; new chat started")
 
     def change_settings(self, arg: str) -> Iterator[Event]:
@@ -244,7 +244,7 @@ class RemoteSession:
                       "the server's context is the limit (an estimate: its tokenizer is not here)")
 
     def figures(self) -> SessionFigures:
-        return SessionFigures(self.stats(), read_memory("remote"), list(self.history))
+        return SessionFigures(self.stats(), read_memory("remote"), list(self.turn_stats))
 
     def stats(self) -> dict:
         last = self.last

@@ -130,8 +130,8 @@ class ChatApp(App[None]):
         chat = f" — chat #{k.chat_id} {k.title or ''}".rstrip() if k is not None and k.chat_id is not None else ""
         self.sub_title = visible(self.session.lm.name + chat)
 
-    async def show_history(self) -> None:
-        await self.view.history()
+    async def redraw(self) -> None:
+        await self.view.redraw()
 
     # --- messages: from the workers, the input box ---------------------------------------
     def on_load_progress(self, msg: LoadProgress) -> None:

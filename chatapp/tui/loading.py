@@ -90,7 +90,7 @@ class Loading:
         app, keeper, t = self.app, msg.chat, self.app.transcript
         app.keeper, s = keeper, keeper.session
         app.sub_title = visible(s.lm.name)
-        await self.view.history()
+        await self.view.redraw()
         for warning in self.warnings:
             await t.notice(warning.removeprefix("nanochat-tui: "), "warning")
         if keeper.restored is not None:

@@ -79,5 +79,5 @@ class ModelPicker:
     async def show_switch(self, ev: ModelSwitched) -> None:
         """The keeper holds the new session now: the transcript stays as it is (the same text),
         dimming what a smaller context left out."""
-        self.app.transcript.mark_dropped(ev.dropped_exchanges)
+        self.app.transcript.mark_trimmed(ev.dropped_exchanges)
         await self.app.transcript.notice(f"Switched from {ev.previous} to {ev.line}.", "dim")

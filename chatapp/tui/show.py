@@ -64,7 +64,7 @@ class SessionView:
             case CacheState():
                 await self.cache_state(ev)
             case Trimmed():
-                t.mark_dropped(ev.dropped_exchanges)
+                t.mark_trimmed(ev.dropped_exchanges)
                 await t.notice(f"Context full: dropped the {ev.dropped_exchanges} oldest exchange(s) and "
                                f"re-prefilled {ev.reprefilled_tokens} tokens in {human_ms(ev.reprefill_ms)}.",
                                "warning")
@@ -77,7 +77,7 @@ class SessionView:
             case Copied():
                 copy_text(self.app, ev.text, f"reply {ev.reply} of {ev.of}")
             case Restored():  # a stored chat is now the session's (on its own model, maybe)
-                await self.history()
+                await self.redraw()
                 await t.notice(f"Opened chat #{ev.chat} {ev.title}: {ev.line}.", "dim")
             case Branched():
                 await self.editing.show_branch(ev)
@@ -98,17 +98,17 @@ class SessionView:
         elif ev.event == "undo":
             await t.remove_last_exchange()
         elif ev.event == "undone":  # the model failed mid-turn: the session is as before it
-            await self.history()
+            await self.redraw()
             if self.turns.kind == "send" and not box.text:
                 box.give_back(self.turns.sent)  # the message is not lost: edit or send it again
 
-    async def history(self) -> None:
+    async def redraw(self) -> None:
         """Redraw the transcript from the session's exchanges, each reply by kind."""
         t, s = self.app.transcript, self.app.session
         await t.clear()
-        for ex in s.archive + s.exchanges:
+        for ex in s.trimmed + s.exchanges:
             await t.add_exchange(ex.user, s.reply_parts(ex), ex.tool_calls, ex.stop)
-        t.mark_dropped(len(s.archive))  # out of the context: dimmed, as when trimmed
+        t.mark_trimmed(len(s.trimmed))  # out of the context: dimmed, as when trimmed
 
     async def error(self, ev: Error) -> None:
         t, box = self.app.transcript, self.app.input

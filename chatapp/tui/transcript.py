@@ -256,12 +256,12 @@ class Transcript(VerticalScroll, can_focus=True):
             if ex.reply is not None:
                 await ex.reply.remove()
 
-    def mark_dropped(self, n: int) -> None:
+    def mark_trimmed(self, n: int) -> None:
         """The oldest n exchanges left the context: they stay visible, dimmed."""
         for ex in self.exchanges[:n]:
             for w in (ex.user, ex.reply):
                 if w is not None:
-                    w.add_class("dropped")
+                    w.add_class("trimmed")
         del self.exchanges[:n]
 
     async def clear(self) -> None:
@@ -271,7 +271,7 @@ class Transcript(VerticalScroll, can_focus=True):
     # --- /edit -------------------------------------------------------------------------
     def trimmed(self) -> int:
         """Exchanges shown dimmed above the context: message numbers count them (Session.turns)."""
-        return len(self.query("UserMessage.dropped"))
+        return len(self.query("UserMessage.trimmed"))
 
     def editable(self) -> list[tuple[int, str]]:
         """(number as shown, text) of each user message /edit can take: those in the context."""
