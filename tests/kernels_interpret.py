@@ -12,7 +12,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
 
-from model.kernels.llama_step import LlamaFusedStep  # noqa: E402
+from model.decode.llama_fused import LlamaFusedStep  # noqa: E402
 from model.loading import load_model  # noqa: E402
 
 
@@ -53,7 +53,7 @@ def live_splits(keys: int, block: int, splits: int) -> int:
 def attention_edges() -> None:
     """DecodeAttention alone against a float64 softmax at the key-block edges, for head dims
     on both sides of the 128/64-key block switch, with 1 to 24 live splits."""
-    from model.kernels.decode_attention import DecodeAttention
+    from model.decode.decode_attention import DecodeAttention
 
     rows = []
     g = torch.Generator().manual_seed(0)
@@ -99,7 +99,7 @@ def attention_edges() -> None:
 def greedy_cases() -> None:
     """greedy_pick against torch.argmax: ties inside a block and across blocks, the maximum in
     the last partial block, bf16 logits, and the host slot chosen by the position."""
-    from model.kernels.greedy import BLOCK, greedy_pick
+    from model.decode.greedy import BLOCK, greedy_pick
 
     g = torch.Generator().manual_seed(0)
     rows = []

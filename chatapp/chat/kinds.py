@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 from chatapp.chat.events import TextDelta, TextKind
 
 if TYPE_CHECKING:  # the TUI imports this module before its first frame: tiktoken must wait
-    from model.templates import ChatTemplate
-    from model.tokenizer import Tokenizer
+    from model.chat_formats.templates import ChatTemplate
+    from model.tokenizers.tokenizer import Tokenizer
 
 TOOL_SPANS = (("python_start", "python_end", "tool_call"), ("output_start", "output_end", "tool_result"))
 

@@ -18,7 +18,7 @@ from chatapp.chat.exchange import Exchange
 from chatapp.chat.kinds import ReplyText, reply_text, thinking_text
 from chatapp.chat.memory import read_memory
 from chatapp.chat.tools import ToolRunner
-from model.sampling import SamplingConfig
+from model.decode.sampling import SamplingConfig
 
 if TYPE_CHECKING:
     from chatapp.chat.session import Session

@@ -27,8 +27,8 @@ from chatapp.chat.settings import Settings, set_command
 from chatapp.chat.stats import session_stats
 from chatapp.chat.undoable import undoable
 from model.chat_formats.whole import Rendered
+from model.decode.generate import Generator
 from model.errors import UserError
-from model.generate import Generator
 from model.loading import LoadedModel
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from chatapp.chat.events import Event, Prefilling, Trimmed
-from model.generate import Generator
+from model.decode.generate import Generator
 
 if TYPE_CHECKING:  # the session imports this module, not the other way round
     from chatapp.chat.session import Session
