@@ -147,8 +147,47 @@ def window_cases() -> None:
     print(json.dumps(rows))
 
 
+def prefill_cases() -> None:
+    """The fused prefill step (kernels/prefill_step_fused.py) against the eager forward, fp32: 11
+    new tokens in a 16-token bucket after 20 cached ones (5 rows of padding; Gemma's 8-key window
+    crossed), norm weights off 1 so a weight on the wrong row or kind shows."""
+    from model.kernels.prefill_step_fused import fused_prefill_class
+
+    rows = []
+    for spec in ("random:tiny", "random:tiny-qwen2", "random:tiny-gemma3"):
+        m = load_model(spec).model
+        with torch.no_grad():
+            for name, p in m.named_parameters():
+                if "norm" in name:
+                    p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
+        g = torch.Generator().manual_seed(3)
+        hist, new = torch.randint(1, 200, (1, 20), generator=g), torch.randint(1, 200, (11,), generator=g)
+        ref, cache = m.new_cache(64), m.new_cache(64)
+        with torch.inference_mode():
+            m(hist, ref)
+            m(hist, cache)
+            want = m(new[None], ref, last=True)[0, -1]
+            buf = torch.randint(1, 200, (1, 16), generator=g)
+            buf[0, :11] = new
+            logits = torch.zeros(m.config.vocab_size)
+            step = fused_prefill_class(m)(m, cache, buf, torch.tensor([10]), logits)
+            got = step().clone()
+            cache.advance(11)
+            nxt = torch.tensor([[7]])
+            after = m(nxt, cache)[0, -1]
+            after_ref = m(nxt, ref)[0, -1]
+        kv = max(float((a[:, :, :31] - b[:, :, :31]).abs().max())
+                 for a, b in ((cache.k_cache, ref.k_cache), (cache.v_cache, ref.v_cache)))
+        rows.append(dict(spec=spec, step=type(step).__name__, rel_err=float((got - want).norm() / want.norm()),
+                         kv_max_diff=kv, next_rel_err=float((after - after_ref).norm() / after_ref.norm()),
+                         padding_written=bool((cache.k_cache[:, :, 31:36] != 0).any())))
+    print(json.dumps(rows))
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] == ["window"]:
+    if sys.argv[1:] == ["prefill"]:
+        prefill_cases()
+    elif sys.argv[1:] == ["window"]:
         window_cases()
     elif sys.argv[1:] == ["attention"]:
         attention_edges()

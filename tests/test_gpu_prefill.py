@@ -78,8 +78,9 @@ def ulps_below_top(logits: torch.Tensor, tok: int) -> float:
 @pytest.mark.gpu
 @cuda
 @pytest.mark.parametrize("spec", ["random:smollm2-135m", "random:gemma3-270m"])
-@pytest.mark.parametrize("history,n", [(0, 100), (600, 100), (600, 1), (700, 5000)])
-def test_graph_prefill_equals_one_eager_forward(spec, history, n):
+@pytest.mark.parametrize("history,n,step", [(0, 100, "fused"), (600, 100, "fused"), (600, 1, "fused"),
+                                            (700, 5000, "fused"), (600, 100, "modules")])
+def test_graph_prefill_equals_one_eager_forward(spec, history, n, step):
     """Graph prefill of n tokens (one padded bucket; 5,000: the largest bucket back to back, then
     a padded one) over `history` cached tokens equals ONE eager forward of the same n tokens over
     the same cache: logits within bf16 tolerance, the same argmax, and the same K/V at every real
@@ -87,13 +88,15 @@ def test_graph_prefill_equals_one_eager_forward(spec, history, n):
     Measured on the H200 (random weights): 0 where FA3 sums in the same order (an empty cache,
     5,000 tokens), 5e-2 on SmolLM2 where eager's FA3 splits the keys (auto num_splits over 600+
     cached keys) and the graph pins one split; Gemma 1e-2. Random weights' near-flat logits
-    amplify bf16 rounding (docs/gpu.md); a wrong position or key is off by O(1)."""
+    amplify bf16 rounding (docs/gpu.md); a wrong position or key is off by O(1). `step`: the
+    graphs capture the fused-kernel step (the default) or the model's own modules."""
     lm = load_gpu(spec)
     v = lm.tokenizer.vocab_size
     hist, new = rand_ids(history, 3, 30000).tolist(), rand_ids(n, 4, 30000).tolist()
     eager = Generator(lm.model, lm.model.new_cache(8192), v, graphs=None)
-    graph = Generator(lm.model, lm.model.new_cache(8192), v, graphs=GraphConfig(prefill_bucket=4096))
-    assert graph.prefill_graphs is not None
+    cfg = GraphConfig(prefill_bucket=4096, prefill_fused=step == "fused")
+    graph = Generator(lm.model, lm.model.new_cache(8192), v, graphs=cfg)
+    assert graph.prefill_graphs is not None and graph.prefill_graphs.kind == step
     eager.prefill(hist)
     graph.cache.k_cache.copy_(eager.cache.k_cache)
     graph.cache.v_cache.copy_(eager.cache.v_cache)
@@ -104,7 +107,7 @@ def test_graph_prefill_equals_one_eager_forward(spec, history, n):
     graph.prefill(new)
     got = graph.logits
     assert set(graph.prefill_graphs.graphs) >= ({4096} if n > 4096 else set())
-    print(f"{spec} history {history} + {n}: logits rel err {rel_err(got, want):.1e}, "
+    print(f"{spec} {step} history {history} + {n}: logits rel err {rel_err(got, want):.1e}, "
           f"buckets {sorted(graph.prefill_graphs.graphs)}, attention {lm.model.attn.name}")
     assert int(got.argmax()) == int(want.argmax())
     assert rel_err(got, want) < 0.1
