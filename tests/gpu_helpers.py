@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from model.generate import Generator
+from model.decode.generate import Generator
 
 
 def share_prefill(graph: Generator, eager: Generator, ids: list[int]) -> None:

@@ -12,7 +12,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
 
-from model.kernels.llama_step import LlamaFusedStep  # noqa: E402
+from model.decode.llama_fused import LlamaFusedStep  # noqa: E402
 from model.loading import load_model  # noqa: E402
 
 
@@ -53,7 +53,7 @@ def live_splits(keys: int, block: int, splits: int) -> int:
 def attention_edges() -> None:
     """DecodeAttention alone against a float64 softmax at the key-block edges, for head dims
     on both sides of the 128/64-key block switch, with 1 to 24 live splits."""
-    from model.kernels.decode_attention import DecodeAttention
+    from model.decode.decode_attention import DecodeAttention
 
     rows = []
     g = torch.Generator().manual_seed(0)
@@ -99,7 +99,7 @@ def attention_edges() -> None:
 def greedy_cases() -> None:
     """greedy_pick against torch.argmax: ties inside a block and across blocks, the maximum in
     the last partial block, bf16 logits, and the host slot chosen by the position."""
-    from model.kernels.greedy import BLOCK, greedy_pick
+    from model.decode.greedy import BLOCK, greedy_pick
 
     g = torch.Generator().manual_seed(0)
     rows = []
@@ -148,11 +148,11 @@ def window_cases() -> None:
 
 
 def prefill_cases() -> None:
-    """The fused prefill step (kernels/prefill_step_fused.py) against the eager forward, fp32: 11
+    """The fused prefill step (model/decode/prefill_fused.py) against the eager forward, fp32: 11
     new tokens in a 16-token bucket after 20 cached ones (5 rows of padding; Gemma's 8-key window
     crossed), norm weights off 1 so a weight on the wrong row or kind shows."""
-    from model.kernels.prefill_step_fused import fused_prefill_class
-    from model.llama import LlamaConfig
+    from model.decode.prefill_fused import fused_prefill_class
+    from model.families.llama import LlamaConfig
     from model.loading import LoadOptions
     from model.loading.random import random_llama
 

@@ -17,8 +17,8 @@ from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.store.database import ChatStore
 from chatapp.store.keeper import ChatKeeper
+from model.chat_formats.templates import encode_rendered
 from model.loading import LoadOptions, load_model
-from model.templates import encode_rendered
 
 FX = Path(__file__).parent / "fixtures" / "nanochat"
 

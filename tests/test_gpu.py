@@ -16,11 +16,11 @@ import torch
 from chatapp.chat.events import Trimmed
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
-from model.generate import Generator
-from model.graph_config import GraphConfig
-from model.graphs import build_step
+from model.decode.generate import Generator
+from model.decode.graph_config import GraphConfig
+from model.decode.graphs import build_step
+from model.decode.sampling import SamplingConfig
 from model.loading import LoadOptions, load_model
-from model.sampling import SamplingConfig
 from tests.gpu_helpers import share_prefill
 
 FIX = Path(__file__).parent / "fixtures" / "nanochat"
@@ -107,8 +107,8 @@ def test_flash_matches_sdpa_within_twice_sdpa_bf16_error(t_new, pos, hq, hk, d):
 @pytest.mark.parametrize("pdl", [False, True])
 def test_triton_decode_attention_within_twice_sdpa_bf16_error(pos, hq, hk, d, splits, pdl):
     from kvcache.sdpa import sdpa_with_kvcache
-    from model.kernels.decode_attention import DecodeAttention
-    from model.kernels.gemv import pdl_supported
+    from model.decode.decode_attention import DecodeAttention
+    from model.decode.gemv import pdl_supported
 
     if pdl and not pdl_supported("cuda"):
         pytest.skip("programmatic dependent launch needs Hopper or newer")
@@ -216,7 +216,7 @@ def test_fused_graph_serves_qwen_and_llama3_shapes(spec):
 def test_pdl_changes_timing_not_results(lm):
     """Programmatic dependent launch only lets kernels overlap; each still waits for the data it
     reads. So greedy tokens, logits and every cache row are bitwise the same with it off."""
-    from model.kernels.gemv import pdl_supported
+    from model.decode.gemv import pdl_supported
 
     if not pdl_supported("cuda"):
         pytest.skip("programmatic dependent launch needs Hopper or newer")
@@ -238,8 +238,8 @@ def test_fused_step_across_attention_split_layouts(lm):
     """The fused step against the plain PyTorch step at positions where attention ends in one
     split, in a few, and in every split walking several key blocks (the last-arriver merge and
     the in-split block loop), over a cache the model itself filled (4,000 random tokens)."""
-    from model.kernels.llama_step import LlamaFusedStep
-    from model.kernels.torch_step import LlamaTorchStep
+    from model.decode.llama_fused import LlamaFusedStep
+    from model.decode.llama_torch import LlamaTorchStep
 
     cache = lm.model.new_cache(4096)
     ids = torch.randint(0, lm.tokenizer.vocab_size, (1, 4001), device="cuda",
@@ -446,7 +446,7 @@ def test_gemma3_graph_step_sees_exactly_its_window(fused):
     values no windowed query may see with 1e4 leaves its logits bit for bit the same; doing the
     same to the oldest key it must still see changes them (the full-attention layers read
     everything, so they are left alone)."""
-    from model.gemma import SLIDING
+    from model.families.gemma import SLIDING
 
     lm = load_model("random:gemma3-270m", LoadOptions(device="cuda", dtype=torch.bfloat16))
     c = lm.model.config
@@ -477,9 +477,9 @@ def test_gemma3_graph_step_sees_exactly_its_window(fused):
 
 def penalized_run(gen: Generator, prompt: list[int], cfg: SamplingConfig, n: int):
     """n tokens through the captured sampler, each beside what the reference maths
-    (model/sampling.py's penalize and probabilities, run eagerly on a copy of the graph's own
+    (model/decode/sampling.py's penalize and probabilities, run eagerly on a copy of the graph's own
     logits) allows for it, given the reply so far."""
-    from model.sampling import penalize, probabilities, settings, token_counts
+    from model.decode.sampling import penalize, probabilities, settings, token_counts
     gen.cache.reset()
     gen.forget()
     gen.configure(cfg)

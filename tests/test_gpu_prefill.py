@@ -12,10 +12,10 @@ import gc
 import pytest
 import torch
 
-from model.generate import Generator
-from model.graph_config import GraphConfig
+from model.decode.generate import Generator
+from model.decode.graph_config import GraphConfig
+from model.decode.sampling import SamplingConfig
 from model.loading import LoadOptions, load_model
-from model.sampling import SamplingConfig
 from tests.gpu_helpers import share_prefill
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -34,7 +34,7 @@ def test_padded_prefill_step_equals_eager_over_a_cache(spec):
     """11 new tokens in a 16-token bucket after 20 cached ones (Gemma's 8-key window is crossed):
     the step's logits for the last real token and the K/V of every real position equal the eager
     forward's, and the padding's K/V (written past the end) are never read by the next token."""
-    from model.families import family_of
+    from model.families.registry import family_of
 
     m = load_model(spec).model
     ref, cache = m.new_cache(64), m.new_cache(64)
@@ -184,7 +184,7 @@ def test_gemma_windowed_prefill_equals_masked_reference_past_the_window():
 @pytest.mark.gpu
 @cuda
 def test_8k_prefill_peak_memory_within_cache_plus_twice_the_weights(smol):
-    from model.prefill_graphs import weight_bytes
+    from model.decode.prefill_graphs import weight_bytes
 
     v = smol.tokenizer.vocab_size
     gc.collect()

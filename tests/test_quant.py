@@ -18,14 +18,14 @@ from test_gguf import K_BLOCKS, MIXED, random_k_quant, write_gguf
 
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from model.cpu import native
+from model.cpu.blocks import BLOCK_TYPES, dequantize, repack
+from model.cpu.qlinear import QLinear
+from model.cpu.step import CpuStep
+from model.decode.generate import Generator
 from model.errors import ModelLoadError
-from model.generate import Generator
-from model.kernels.cpu import native
-from model.kernels.cpu.step import CpuStep
 from model.loading import LoadOptions, load_model
 from model.loading.gguf import converted_dir
-from model.quant.blocks import BLOCK_TYPES, dequantize, repack
-from model.quant.qlinear import QLinear
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"CPU kernels unavailable: {native.why_not()}")
 ROWS, COLS = 24, 512

@@ -1,5 +1,5 @@
-"""The GGUF types kept as the file's own bytes (model/quant/file_blocks.py, kernels in
-model/kernels/cpu/qformats.h): Q5_0, Q6_K, Q2_K, Q3_K, IQ4_NL and IQ4_XS. Every kernel, AVX2
+"""The GGUF types kept as the file's own bytes (model/cpu/file_blocks.py, kernels in
+model/cpu/qformats.h): Q5_0, Q6_K, Q2_K, Q3_K, IQ4_NL and IQ4_XS. Every kernel, AVX2
 and portable, equals the gguf package's dequantization followed by an exact reference: the
 dequantized rows bit for bit, the GEMV within float rounding of a float64 product with the
 int16 activations the kernels use. Blocks come from three sources: every bit pattern (random
@@ -17,9 +17,9 @@ from gguf import GGML_QUANT_SIZES, GGUFReader, quants
 from gguf import GGMLQuantizationType as Q
 from test_quant import bits, int16_reference
 
-from model.kernels.cpu import native
-from model.quant.file_blocks import FILE_TYPES, as_rows
-from model.quant.qlinear import QLinear
+from model.cpu import native
+from model.cpu.file_blocks import FILE_TYPES, as_rows
+from model.cpu.qlinear import QLinear
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"CPU kernels unavailable: {native.why_not()}")
 ROWS, COLS = 7, 512   # an odd row: the AVX2 build takes rows two at a time
@@ -135,7 +135,7 @@ def test_types_without_a_kernel_run_dequantized_with_a_note(tmp_path, home):
 
     from test_gguf import write_gguf
 
-    from model.kernels.cpu.step import CpuStep
+    from model.cpu.step import CpuStep
     from model.loading import LoadOptions, load_model
 
     path = tmp_path / "iq.gguf"

@@ -24,9 +24,9 @@ from chatapp.chat.edit import check_edit, rewind_and_send
 from chatapp.chat.events import Trimmed, TurnStats
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from model.chat_formats.templates import ChatML, Llama3, Qwen3
 from model.chat_formats.whole import TemplateFormat
 from model.loading import load_model
-from model.templates import ChatML, Llama3, Qwen3
 
 pytestmark = pytest.mark.slow   # llama.cpp's vocab files come once through the package index
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"

@@ -24,10 +24,10 @@ from chatapp.store.keeper import ChatKeeper
 from chatapp.tui.transcript import Thinking
 from kvcache import Attention
 from model.chat_formats.recognize import template_for
-from model.llama import Llama, LlamaConfig
+from model.chat_formats.templates import Qwen3, encode_rendered
+from model.families.llama import Llama, LlamaConfig
 from model.loading import LoadedModel
-from model.templates import Qwen3, encode_rendered
-from model.tokenizer import Tokenizer, byte_level_encoding
+from model.tokenizers.tokenizer import Tokenizer, byte_level_encoding
 
 pytestmark = pytest.mark.anyio
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]

@@ -25,7 +25,7 @@ from chatapp.bench.decode import decode_at, kv_bytes_read, read_bandwidth, weigh
 from chatapp.bench.footprint import dir_bytes, headless_turn
 from chatapp.bench.llamacpp import find_binary, pick, run_peer
 from chatapp.bench.models import default_model_path
-from model.generate import Generator
+from model.decode.generate import Generator
 from model.loading import LoadedModel
 from model.loading.gguf import converted_dir
 

@@ -2,7 +2,7 @@
 
 One run measures, per model:
 - prefill tok/s of 512 and 8,192 tokens into an empty cache (median of `--peer-reps`), with our
-  default engine (graphs at bucketed lengths, model/prefill_graphs.py) and, as a same-run
+  default engine (graphs at bucketed lengths, model/decode/prefill_graphs.py) and, as a same-run
   baseline, the eager forward in 512-token chunks (the engine before issue 23);
 - the TTFT of a 100-token turn after 4,000 tokens of chat (prefill + first sample, median);
 - decode tok/s at depth 0 and 8,192 (`decode_at`);
@@ -24,10 +24,10 @@ import torch
 from chatapp.bench.decode import decode_at
 from chatapp.bench.llamacpp import find_binary, pick, run_peer
 from chatapp.bench.profile import prefill_bucket_profile, print_prefill_profile
-from model.generate import Generator
-from model.graph_config import GraphConfig
+from model.decode.generate import Generator
+from model.decode.graph_config import GraphConfig
+from model.decode.prefill_graphs import weight_bytes
 from model.loading import LoadedModel
-from model.prefill_graphs import weight_bytes
 
 PP, DEPTH, TURN, HISTORY = (512, 8192), 8192, 100, 4000
 TARGETS = {"pp512": 3.0, "pp8192": 3.0}   # ours / llama.cpp, at least
@@ -60,7 +60,7 @@ def prefill_rates(gen: Generator, reps: int) -> dict:
 
 def turn_ttft_ms(gen: Generator, reps: int) -> dict:
     """A turn of TURN new tokens over HISTORY tokens of chat: prefill plus the first greedy sample."""
-    from model.sampling import SamplingConfig
+    from model.decode.sampling import SamplingConfig
 
     gen.configure(SamplingConfig(temperature=0.0))
     gen.cache.reset()

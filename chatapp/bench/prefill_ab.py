@@ -19,10 +19,10 @@ import torch
 
 from chatapp.bench.decode import decode_at
 from chatapp.bench.gpu import prefill_seconds, random_ids, turn_ttft_ms
-from model.generate import Generator
-from model.graph_config import GraphConfig
+from model.decode.generate import Generator
+from model.decode.graph_config import GraphConfig
+from model.decode.prefill_graphs import activation_bytes_per_token, chunk_tokens
 from model.loading import LoadOptions, load_model
-from model.prefill_graphs import activation_bytes_per_token, chunk_tokens
 
 SPECS = ["random:smollm2-135m", "random:gemma3-270m", "random:llama3.2-1b"]
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from model.errors import UserError
 
 if TYPE_CHECKING:  # the TUI imports this module before its first frame: tiktoken must wait
-    from model.templates import ChatTemplate
-    from model.tokenizer import Tokenizer
+    from model.chat_formats.templates import ChatTemplate
+    from model.tokenizers.tokenizer import Tokenizer
 
 
 def pick_reply(arg: str, count: int) -> int:

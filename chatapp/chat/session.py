@@ -29,10 +29,10 @@ from chatapp.chat.settings import Settings, set_command
 from chatapp.chat.tools import ToolRunner
 from model.chat_formats.completion import MODE as COMPLETION_MODE
 from model.chat_formats.whole import Rendered
+from model.decode.generate import Generator
+from model.decode.sampling import SamplingConfig
 from model.errors import UserError
-from model.generate import Generator
 from model.loading import LoadedModel
-from model.sampling import SamplingConfig
 
 
 class Session:

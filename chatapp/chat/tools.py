@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from chatapp.chat.calculator import evaluate
 from chatapp.chat.events import ToolCall
-from model.templates import ChatTemplate
-from model.tokenizer import Tokenizer
+from model.chat_formats.templates import ChatTemplate
+from model.tokenizers.tokenizer import Tokenizer
 
 
 class ToolRunner:

@@ -23,7 +23,7 @@ from typing import Protocol
 import torch
 
 from chatapp.chat.events import Prefilling
-from model.generate import Generator
+from model.decode.generate import Generator
 
 REPLY_BUDGET = 64  # room kept for the reply a trim makes way for (capped by max_new_tokens)
 
