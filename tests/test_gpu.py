@@ -336,7 +336,7 @@ def test_graph_replays_after_reset_and_trim(lm):
     drain(s.run_command("/reset"))
     drain(s.send("After the reset: count to five."))
     assert_cache_holds(lm, s)
-    assert s.history[-1].decode_tokens > 1
+    assert s.turn_stats[-1].decode_tokens > 1
     assert s.gen.graphs.step_graph is graph
 
 
