@@ -21,7 +21,7 @@ from model.decode.graph_config import GraphConfig
 from model.decode.graphs import build_step
 from model.decode.sampling import SamplingConfig
 from model.loading import LoadOptions, load_model
-from tests.gpu_helpers import share_prefill
+from tests.gpu_helpers import assert_decode_noise, share_prefill
 
 FIX = Path(__file__).parent / "fixtures" / "nanochat"
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -157,8 +157,11 @@ def test_graph_greedy_equals_eager_for_200_tokens(lm, cfg):
           f"{sum(g == 0 for g in gaps)}/200 steps, free-running tokens first differ at {first_diff}")
     real = bool(os.environ.get("NANOCHAT_TEST_GGUF"))
     # Random weights make near-flat logits: even the plain graph, running eager's own ops,
-    # sits 7 ulps off eager there, and the fused path 13-14 (H200).
-    assert max(gaps) <= (4 if real else 16)
+    # sits 7 ulps off eager there (tests/gpu_helpers.py: the fused path's measured spread).
+    if real:
+        assert max(gaps) <= 4
+    else:
+        assert_decode_noise(gaps)
     if real and not cfg.fused:  # the plain graph runs eager's own ops: exactly equal
         assert ours == same
 
@@ -208,7 +211,7 @@ def test_fused_graph_serves_qwen_and_llama3_shapes(spec):
     print(f"{spec} {name}: max logit gap {max(gaps):.1f} bf16 ulps, exact argmax at "
           f"{sum(g == 0 for g in gaps)}/120 steps")
     assert name.startswith("fused")
-    assert max(gaps) <= 16
+    assert_decode_noise(gaps)
 
 
 @pytest.mark.gpu
