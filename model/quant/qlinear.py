@@ -4,8 +4,10 @@ A `QLinear` holds one weight matrix in a block format (model/quant/blocks.py) or
 f32/f16/bf16, memory-mapped from the converted model directory. The decode step on the
 CPU (model/kernels/cpu/) reads these buffers directly. In PyTorch, a prefill dequantizes
 each matrix to fp32 when it is used (exact: the file's own values) and runs one GEMM; a
-single row (the last position's logits) goes through the same int8-activation kernel as
-the decode step, so the tied 49k-row head is never expanded.
+single row (the last position's logits) goes through the same int16-activation kernel as
+the decode step, so the tied 49k-row head is never expanded. Where the CPU has AVX-512 VNNI,
+many rows go through the int8 GEMM instead (model/kernels/cpu/prefill_gemm.py), which reads
+the blocks as they are.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.kernels.cpu import native
+from model.kernels.cpu import native, prefill_gemm
 from model.quant import file_blocks
 from model.quant.blocks import Q4, Q8, dequantize
 
@@ -116,6 +118,8 @@ class QLinear(nn.Module):
             y = torch.empty(self.out_features)
             lib.qd_gemv(self.qw(), xc.data_ptr(), y.data_ptr(), torch.get_num_threads())
             return y.reshape(*x.shape[:-1], self.out_features)
+        if self.blocks and (y := prefill_gemm.matmul(self.qw(), x)) is not None:   # a prefill: int8 GEMM
+            return y
         return F.linear(x.float(), self.weight_fp32(), self.bias)
 
 
