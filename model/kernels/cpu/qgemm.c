@@ -36,20 +36,23 @@
 typedef struct {
     QW w;
     float *y;
-    int nb, rb, t, tp, kind, bits;   /* kind 0: idle; bits: the activations' (8 or 16) */
+    int nb, rb, t, tp, kind, bits;   /* kind 0: idle, 1: GEMM, 2: quantize x; bits: 8 or 16 */
+    const float *x;                  /* kind 2: the input, t x k */
+    int k, sub;
     uint64_t call;
 } GPhase;
 
 typedef struct {
     int8_t *q; float *sw, *mn; int32_t *wc;   /* one block's unpacked rows */
     float *out;                                /* [tp][rows] */
+    uint8_t *gq, *gl; float *gd, *gs;          /* one token group quantized */
 } GScratch;
 
 typedef struct {
     Pool pool;
     int nt, k_max, last_sub, last_t;   /* what the input buffers hold */
     pthread_t *workers;
-    GPhase ph;
+    GPhase ph, next;               /* the open phase; the GEMM that follows a quantize phase */
     uint64_t call;
     int last_bits;
     uint8_t *aq, *al; float *ad, *as;   /* the quantized input (al: int16's low bytes), written between
@@ -205,11 +208,27 @@ static void quantize_tokens(const float *x, int t, int tp, int k, int sub, int b
             if (bits == 16) {
                 if (tok < t) d = quant32_16(x + (size_t)tok * k + 32 * b, v16);
                 else memset(v16, 0, sizeof v16);
+#ifdef QD_AVX2
+                const __m256i a = _mm256_loadu_si256((const __m256i *)v16), c = _mm256_loadu_si256((const __m256i *)(v16 + 16));
+                const __m256i one = _mm256_set1_epi16(1), m8 = _mm256_set1_epi16(0xff);
+                /* the packs work within 128-bit lanes: 0xd8 puts the quarters back in order */
+                _mm256_storeu_si256((__m256i *)v, _mm256_permute4x64_epi64(
+                    _mm256_packs_epi16(_mm256_srai_epi16(a, 8), _mm256_srai_epi16(c, 8)), 0xd8));   /* -128..127 */
+                _mm256_storeu_si256((__m256i *)lo, _mm256_permute4x64_epi64(
+                    _mm256_packus_epi16(_mm256_and_si256(a, m8), _mm256_and_si256(c, m8)), 0xd8));   /* 0..255 */
+                const __m256i s2 = _mm256_hadd_epi32(_mm256_madd_epi16(a, one), _mm256_madd_epi16(c, one));
+                /* s2's int32s: a's pair sums 0-1, c's 0-1, a's 2-3, c's 2-3 (per 128-bit lane) */
+                int32_t ps[8];
+                _mm256_storeu_si256((__m256i *)ps, s2);
+                sums[0] = ps[0] + ps[1] + ps[4] + ps[5];
+                sums[1] = ps[2] + ps[3] + ps[6] + ps[7];
+#else
                 for (int j = 0; j < 32; j++) {
                     sums[j / 16] += v16[j];
                     v[j] = (int8_t)(v16[j] >> 8);      /* arithmetic: -128..127 */
                     lo[j] = (uint8_t)(v16[j] & 0xff);
                 }
+#endif
             } else {
                 if (tok < t) d = quant32(x + (size_t)tok * k + 32 * b, v);
                 else memset(v, 0, 32);
@@ -319,10 +338,33 @@ static int scratch_alloc(GScratch *s, int k) {
     s->mn = malloc(sizeof(float) * need / 16);
     s->wc = malloc(sizeof(int32_t) * need / 16);
     s->out = malloc(sizeof(float) * QG_TMAX * QG_RB_MAX);
-    return s->q && s->sw && s->mn && s->wc && s->out ? 0 : -1;
+    s->gq = malloc((size_t)QG_TOK * k);
+    s->gl = malloc((size_t)QG_TOK * k);
+    s->gd = malloc(sizeof(float) * k);
+    s->gs = malloc(sizeof(float) * k);
+    return s->q && s->sw && s->mn && s->wc && s->out && s->gq && s->gl && s->gd && s->gs ? 0 : -1;
+}
+
+/* Token group b of the input into the shared buffers (computed apart, copied by the winner). */
+static void quant_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
+    GScratch *sc = &c->scr[tid];
+    const int k = p->k, nb = k / 32, ns = k / p->sub, t0 = b * QG_TOK;
+    quantize_tokens(p->x + (size_t)t0 * k, p->t - t0 < QG_TOK ? p->t - t0 : QG_TOK, QG_TOK, k, p->sub, p->bits,
+                    sc->gq, sc->gl, sc->gd, sc->gs);
+    if (!pool_take(&c->pool, s, b)) return;
+    memcpy(c->aq + (size_t)b * QG_TOK * k, sc->gq, (size_t)QG_TOK * k);
+    if (p->bits == 16) memcpy(c->al + (size_t)b * QG_TOK * k, sc->gl, (size_t)QG_TOK * k);
+    memcpy(c->ad + (size_t)b * nb * QG_TOK, sc->gd, sizeof(float) * nb * QG_TOK);
+    memcpy(c->as + (size_t)b * ns * QG_TOK, sc->gs, sizeof(float) * ns * QG_TOK);
+    if (pool_published(&c->pool, s, b, p->nb)) {   /* the input is ready: open the GEMM */
+        pool_open_begin(&c->pool, s);
+        c->ph = c->next;
+        pool_open_end(&c->pool, s);
+    }
 }
 
 static void gemm_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
+    if (p->kind == 2) { quant_block(c, p, b, tid, s); return; }
     const QW *w = &p->w;
     const int r0 = b * p->rb, rows = (r0 + p->rb <= w->rows ? p->rb : w->rows - r0), rp = (rows + QG_R - 1) / QG_R * QG_R;
     const int sub = qg_sub(w), ns = w->cols / sub;
@@ -432,6 +474,7 @@ void qg_free(void *p) {
     for (int t = 0; c->scr && t < c->nt; t++) {
         GScratch *s = &c->scr[t];
         free(s->q); free(s->sw); free(s->mn); free(s->wc); free(s->out);
+        free(s->gq); free(s->gl); free(s->gd); free(s->gs);
     }
     free(c->aq); free(c->al); free(c->ad); free(c->as); free(c->scr); free(c->workers); free(c);
 }
@@ -454,12 +497,17 @@ int qg_gemm(void *p, const QW *w, const float *x, int t, float *y, int fresh, in
     c->last_bits = bits;
     for (int t0 = 0; t0 < t; t0 += QG_TMAX) {
         const int tn = t - t0 < QG_TMAX ? t - t0 : QG_TMAX, tp = (tn + QG_TOK - 1) / QG_TOK * QG_TOK;
-        if (fresh)
-            quantize_tokens(x + (size_t)t0 * w->cols, tn, tp, w->cols, sub, bits, c->aq, c->al, c->ad, c->as);
-        GPhase ph = {*w, y + (size_t)t0 * w->rows, (w->rows + rb - 1) / rb, rb, tn, tp, 1, bits, ++c->call};
+        GPhase ph = {*w, y + (size_t)t0 * w->rows, (w->rows + rb - 1) / rb, rb, tn, tp, 1, bits, NULL, w->cols, sub,
+                     ++c->call};
         uint64_t s = atomic_load(&c->pool.seq);
         pool_open_begin(&c->pool, s);
-        c->ph = ph;
+        if (fresh) {   /* first a phase that quantizes the input, one token group a block */
+            c->next = ph;
+            c->ph = ph;
+            c->ph.kind = 2;
+            c->ph.nb = tp / QG_TOK;
+            c->ph.x = x + (size_t)t0 * w->cols;
+        } else c->ph = ph;
         pool_open_end(&c->pool, s);
         gemm_work(c, 0, c->call);
     }
