@@ -29,7 +29,7 @@ from chatapp.store.keeper import ChatKeeper
 from chatapp.store.models import remember
 from kvcache.attention import available_backends
 from model.errors import UserError
-from model.kernels.cpu import native
+from model.kernels.cpu import native, prefill_gemm
 from model.limits import cache_room, fitting_context
 from model.loading import LoadOptions, load_model
 from model.threads import use_threads
@@ -78,7 +78,7 @@ def native_note(args: argparse.Namespace) -> str | None:
     if args.dtype != "auto" or not on_cpu:
         return None
     if native.library() is not None:
-        return native.portable_note()
+        return native.portable_note() or prefill_gemm.note()
     return (f"nanochat-tui: note: CPU kernels unavailable ({native.why_not()}); quantized models run "
             "dequantized to fp32 (slower, more memory)")
 

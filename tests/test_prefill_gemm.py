@@ -29,8 +29,9 @@ pytestmark = pytest.mark.skipif(prefill_gemm.lib() is None, reason=f"CPU kernels
 
 @pytest.fixture(scope="module")
 def builds() -> dict:
-    """The default build, the portable C one (no -march=native) and clang's two where installed."""
-    out = {"default": prefill_gemm.lib(), "portable": prefill_gemm.bind(native.build(["-O3", "-pthread"]))}
+    """The default build, the portable C one (no -march=native) and clang's two where installed (the
+    flags test_quant.py builds with, so the suite compiles each once)."""
+    out = {"default": prefill_gemm.lib(), "portable": prefill_gemm.bind(native.build(["-O3", "-fopenmp", "-pthread"]))}
     assert out["portable"].qg_simd() == 0
     if shutil.which("clang"):
         for name, flags in (("clang", ["-O3", "-march=native", "-pthread"]), ("clang-portable", ["-O3", "-pthread"])):
@@ -199,3 +200,15 @@ def test_a_chat_with_retry_and_undo_matches_the_reference_over_the_gemm_prefill(
             s.lm.model(torch.tensor([s.tokens[:pos]]), fresh)
         for got, want in ((s.cache.k_cache, fresh.k_cache), (s.cache.v_cache, fresh.v_cache)):
             torch.testing.assert_close(got[:, :, :pos].float(), want[:, :, :pos].float(), atol=2e-2, rtol=2e-2)
+
+
+def test_an_avx2_cpu_without_vnni_says_in_one_line_that_the_prefill_is_fp32(builds):
+    """An AVX2 build without AVX-512 (what such a CPU compiles) has no GEMM kernel: one note;
+    the VNNI and portable builds say nothing here (the portable one has its own note)."""
+    avx2 = native.build(["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread"])
+    assert avx2 is not None and avx2.qd_simd() == 1 and prefill_gemm.bind(avx2).qg_simd() == 0
+    assert prefill_gemm.note(avx2) == ("nanochat-tui: note: this CPU has no AVX-512 VNNI; long prompts prefill "
+                                       "through PyTorch's fp32 GEMM (slower)")
+    assert prefill_gemm.note(builds["portable"]) is None
+    if builds["default"].qg_simd() == 2:
+        assert prefill_gemm.note(builds["default"]) is None
