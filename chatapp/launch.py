@@ -28,11 +28,11 @@ from chatapp.store.database import ChatStore, StoreError, data_home
 from chatapp.store.keeper import ChatKeeper
 from chatapp.store.models import remember
 from kvcache.attention import available_backends
+from model.cpu import native, prefill_gemm
+from model.cpu.threads import use_threads
 from model.errors import UserError
-from model.kernels.cpu import native, prefill_gemm
 from model.limits import cache_room, fitting_context
 from model.loading import LoadOptions, load_model
-from model.threads import use_threads
 
 Warn = Callable[[str], object]
 

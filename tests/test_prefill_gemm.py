@@ -1,4 +1,4 @@
-"""The prefill's integer GEMM (model/kernels/cpu/qgemm.c), int16 activations (the default) and
+"""The prefill's integer GEMM (model/cpu/qgemm.c), int16 activations (the default) and
 int8: its integer core equals an exact integer reference bit for bit, on every build (AVX-512
 VNNI where the CPU has it, portable C, clang); on every block format it stays within the stated
 bound of the gguf package's dequantization (the activations' rounding, and fp32's in the
@@ -18,11 +18,11 @@ from gguf import quants
 from test_quant import both, home, mixed_gguf, packed_linear  # noqa: F401 (fixtures)
 from test_quant_formats import random_blocks
 
-from model.generate import Generator
-from model.kernels.cpu import native, prefill_gemm
-from model.quant.blocks import Q4, Q8
-from model.quant.file_blocks import FILE_TYPES, as_rows
-from model.quant.qlinear import QLinear
+from model.cpu import native, prefill_gemm
+from model.cpu.blocks import Q4, Q8
+from model.cpu.file_blocks import FILE_TYPES, as_rows
+from model.cpu.qlinear import QLinear
+from model.decode.generate import Generator
 
 pytestmark = pytest.mark.skipif(prefill_gemm.lib() is None, reason=f"CPU kernels unavailable: {native.why_not()}")
 

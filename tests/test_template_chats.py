@@ -24,9 +24,9 @@ from chatapp.chat.edit import check_edit, rewind_and_send
 from chatapp.chat.events import Trimmed, TurnStats
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from model.chat_formats.templates import ChatML, Llama3, Qwen3
 from model.chat_formats.whole import TemplateFormat
 from model.loading import load_model
-from model.templates import ChatML, Llama3, Qwen3
 
 pytestmark = pytest.mark.slow   # llama.cpp's vocab files come once through the package index
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
@@ -128,7 +128,7 @@ def test_a_whole_template_over_retry_undo_edit_and_trim(models):
         turn_of(events)
         assert_invariant(s)
         assert s.cache.pos <= s.cache.capacity
-    assert trims and s.archive
+    assert trims and s.trimmed
 
 
 def test_headless_two_turns_on_mistrals_template(models, home):

@@ -22,7 +22,7 @@ TEXT = Path(__file__).resolve().parents[2] / "tests" / "data" / "ordinary_text.t
 
 
 def agreement(path: Path, tokens: int = 512) -> dict:
-    from model.kernels.cpu import prefill_gemm
+    from model.cpu import prefill_gemm
     from model.loading import LoadOptions, load_model
 
     if not prefill_gemm.enabled():
