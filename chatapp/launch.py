@@ -28,7 +28,7 @@ from chatapp.store.database import ChatStore, StoreError, data_home
 from chatapp.store.keeper import ChatKeeper
 from chatapp.store.models import remember
 from kvcache.attention import available_backends
-from model.cpu import native
+from model.cpu import native, prefill_gemm
 from model.cpu.threads import use_threads
 from model.errors import UserError
 from model.limits import cache_room, fitting_context
@@ -78,7 +78,7 @@ def native_note(args: argparse.Namespace) -> str | None:
     if args.dtype != "auto" or not on_cpu:
         return None
     if native.library() is not None:
-        return native.portable_note()
+        return native.portable_note() or prefill_gemm.note()
     return (f"nanochat-tui: note: CPU kernels unavailable ({native.why_not()}); quantized models run "
             "dequantized to fp32 (slower, more memory)")
 

@@ -31,6 +31,13 @@ pytestmark = pytest.mark.skipif(native.library() is None, reason=f"CPU kernels u
 ROWS, COLS = 24, 512
 
 
+@pytest.fixture(autouse=True)
+def exact_prefill(monkeypatch):
+    """These tests hold the decode step to the fp32 reference after an exact (fp32) prefill; the
+    int8 prefill GEMM, the default where the CPU has VNNI, has its own in test_prefill_gemm.py."""
+    monkeypatch.setenv("NANOCHAT_QGEMM", "0")
+
+
 @pytest.fixture(scope="module")
 def portable() -> ctypes.CDLL:
     """The kernels built without -march=native: the plain C path other CPUs run."""
