@@ -13,8 +13,8 @@ from typing import BinaryIO, TextIO
 
 from chatapp.chat.commands import is_text, split_input
 from chatapp.chat.events import Error, Event, Prefilling, Quit, TextDelta, to_json
-from chatapp.store.final_save import final_save
-from chatapp.store.keeper import ChatKeeper
+from chatapp.keeper.final_save import final_save
+from chatapp.keeper.keeper import ChatKeeper
 
 
 def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[tuple[str, str] | Error]:

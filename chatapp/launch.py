@@ -22,11 +22,11 @@ from chatapp.chat.presets import Presets
 from chatapp.chat.session import Session
 from chatapp.chat.settings import DEFAULTS, Settings, parse_settings, settings_text
 from chatapp.config import Config, load_config
+from chatapp.keeper.keeper import ChatKeeper
+from chatapp.keeper.models import remember
 from chatapp.options import FlagError, given_sampling
 from chatapp.pull.resolve import resolve
 from chatapp.store.database import ChatStore, StoreError, data_home
-from chatapp.store.keeper import ChatKeeper
-from chatapp.store.models import remember
 from kvcache.attention import available_backends
 from model.errors import UserError
 from model.kernels.cpu import native

@@ -10,7 +10,7 @@ from chatapp.chat.commands import TABLE, CommandSpec, help_text, parse_command
 from chatapp.chat.events import Error, Info
 from chatapp.chat.session import Session
 from chatapp.chat.settings import DEFAULTS, Settings
-from chatapp.store.keeper import ChatKeeper
+from chatapp.keeper.keeper import ChatKeeper
 from model.errors import UserError
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "tui.md"

@@ -13,7 +13,7 @@ from chatapp.chat.events import Error, TurnStats
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.cli import chat_parser
-from chatapp.store.keeper import ChatKeeper
+from chatapp.keeper.keeper import ChatKeeper
 from chatapp.tui.app import ChatApp
 from model.chat_formats.completion import CompletionFormat, gguf_tuning
 from model.loading import LoadOptions, load_model
@@ -82,7 +82,7 @@ def test_a_tuned_model_without_a_template_stays_a_chat(gguf_dir, home):
 
 @pytest.mark.anyio
 async def test_the_panel_and_the_picker_say_completion_mode(gguf_dir, home):
-    from chatapp.store.models import cached_models
+    from chatapp.keeper.models import cached_models
 
     app = ChatApp(chat_parser().parse_args(["--model", str(gguf_dir / "tiny-base.gguf"), "--temperature", "0",
                                             "--max-new-tokens", "4"]))

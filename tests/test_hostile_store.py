@@ -17,10 +17,10 @@ from safetensors.torch import save
 from chatapp.chat.events import Error, Info
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.models import RECENT_FILE, recent
 from chatapp.store.database import ChatStore, StoreError
 from chatapp.store.export import ExportedChat, export
 from chatapp.store.identity import Fingerprint
-from chatapp.store.models import RECENT_FILE, recent
 from chatapp.store.snapshots import FORMAT, checksum, load_chain, scan, write_segment
 from chatapp.store.tempfiles import write_atomic
 
@@ -105,7 +105,7 @@ def test_a_damaged_recent_models_list_is_an_empty_one(tmp_path):
 
 def test_export_of_a_chat_still_works(session, tmp_path):
     list(session.send("hello"))
-    from chatapp.store.keeper import ChatKeeper
+    from chatapp.keeper.keeper import ChatKeeper
 
     events = list(ChatKeeper(session, None).export(str(tmp_path / "c.md")))
     assert isinstance(events[0], Info) and (tmp_path / "c.md").read_text().count("## User") == 1

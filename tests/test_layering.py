@@ -80,7 +80,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_sees_real_imports():
     edges = graph()
-    assert "chatapp.chat.session" in edges["chatapp.store.keeper"]
+    assert "chatapp.chat.session" in edges["chatapp.keeper.keeper"]
     assert "kvcache.cache" in edges["model.llama"] or "kvcache" in edges["model.llama"]
     assert cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
 

@@ -1,5 +1,5 @@
 """One resolver for every way of naming a model (chatapp/pull/resolve.py), and a chat that
-reopens on the model it was made with (chatapp/store/chat_model.py)."""
+reopens on the model it was made with (chatapp/keeper/chat_model.py)."""
 
 from pathlib import Path
 
@@ -8,13 +8,13 @@ import pytest
 from chatapp.chat.events import Error, ModelSwitched
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
+from chatapp.keeper.models import choices
 from chatapp.launch import open_keeper, open_session
 from chatapp.options import chat_parser
 from chatapp.pull import fetch
 from chatapp.pull.resolve import resolve
 from chatapp.store.database import ChatStore
-from chatapp.store.keeper import ChatKeeper
-from chatapp.store.models import choices
 from model.errors import UserError
 from tests.gemma_tiny import save_tiny
 from tests.test_snapshot import talk

@@ -9,9 +9,9 @@ import pytest
 from chatapp.chat.events import Error, Info, TurnStats
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper, Saved
+from chatapp.keeper.reopen import Restored
 from chatapp.store.database import ChatData, ChatStore, StoredMessage, StoreError, chats_dir, data_home
-from chatapp.store.keeper import ChatKeeper, Saved
-from chatapp.store.reopen import Restored
 
 
 def chat(title="t", n=2) -> ChatData:

@@ -146,8 +146,8 @@ def test_headless_two_turns_on_mistrals_template(models, home):
 
 
 def test_a_whole_template_chat_reopens_with_its_ids_and_cache(models, tmp_path):
+    from chatapp.keeper.keeper import ChatKeeper
     from chatapp.store.database import ChatStore
-    from chatapp.store.keeper import ChatKeeper
 
     lm = models("Mistral")
     store = ChatStore(tmp_path / "chats")

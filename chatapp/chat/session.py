@@ -336,7 +336,7 @@ class Session:
         except UserError as e:
             yield Error(str(e))
             return
-        if cmd.spec.store:  # served by chatapp/store/keeper.py's ChatKeeper
+        if cmd.spec.store:  # served by chatapp/keeper/keeper.py's ChatKeeper
             yield Error(f"{cmd.name}: chats are not kept in this session")
             return
         yield from run_handler(getattr(self, cmd.spec.handler), cmd.arg)

@@ -53,7 +53,7 @@ from chatapp.tui.visible import visible
 from model.errors import ModelLoadError, UserError
 
 if TYPE_CHECKING:  # the keeper imports torch, which must not delay the first frame
-    from chatapp.store.keeper import ChatKeeper
+    from chatapp.keeper.keeper import ChatKeeper
 
 Opener = Callable[[argparse.Namespace, Callable[[object], None]], "ChatKeeper"]
 

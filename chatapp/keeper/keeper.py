@@ -21,21 +21,37 @@ from safetensors import SafetensorError
 
 from chatapp.chat.commands import parse_chat_id, parse_command, run_handler
 from chatapp.chat.edit import check_edit, rewind_and_send
-from chatapp.chat.events import CacheState, Error, Event, Info, Restored, Saved, Trimmed, TurnStats
+from chatapp.chat.events import (
+    Branched,
+    CacheState,
+    Error,
+    Event,
+    Info,
+    ModelSwitched,
+    Restored,
+    Saved,
+    Trimmed,
+    TurnStats,
+)
 from chatapp.chat.presets import Presets, preset_command
 from chatapp.chat.session import Session
-from chatapp.store import rollback
-from chatapp.store.branch import keep_branch
-from chatapp.store.chat_model import drop, session_for
+from chatapp.keeper import rollback
+from chatapp.keeper.branch import keep_branch
+from chatapp.keeper.chat_model import drop, session_for
+from chatapp.keeper.models import listing, remember
+from chatapp.keeper.reopen import restore, stored_messages
+from chatapp.keeper.switch import Loader, lm_device, one_line, release_memory, same_options, switch
 from chatapp.store.database import ChatChanged, ChatData, ChatStore, StoreError, describe
 from chatapp.store.export import ExportedChat, export
 from chatapp.store.identity import Fingerprint, ModelIdentity, tokenizer_fingerprint
-from chatapp.store.reopen import restore, stored_messages
 from chatapp.store.snapshots import SnapshotWriter, snapshot_bytes
-from chatapp.store.switch import Loader, adopt, lm_device, one_line, release_memory, switch
 from model.errors import UserError
 
 SNAPSHOT_BUDGET = 4 << 30  # snapshots of older chats are pruned past this; those chats re-prefill
+# the keeper's fields that say which stored chat this window holds and how far it was saved: what
+# a failed open puts back (chatapp/keeper/rollback.py puts back the session's side)
+STORED_CHAT_FIELDS = ("chat_id", "title", "created", "expect", "writer", "clean_upto", "saved_sig", "restored",
+                      "ephemeral", "last_error", "said_read_only")
 
 
 def reports_change(ev: Event) -> bool:
@@ -313,22 +329,12 @@ class ChatKeeper:
         if chat is None:
             raise StoreError(f"no stored chat {chat_id}")
         folder = self.store.snapshot_dir(chat_id)
-        new, note = session_for(self, chat)  # the chat's own model (chatapp/store/chat_model.py)
-        if new is None:
-            self.restored = self._restore_here(chat_id, chat, folder)
-        else:  # a session of its own: a failure leaves this one untouched
-            try:
-                restored = restore(new, chat, Fingerprint(new.lm).get(), folder)
-            except Exception as e:
-                drop(new)
-                if isinstance(e, StoreError):
-                    raise
-                raise StoreError(f"chat {chat_id} could not be opened ({one_line(e)}); {self._where()}") from None
-            old_device = lm_device(self.session.lm)
-            adopt(self, new)
-            del new
-            release_memory(old_device)
-            self.restored = restored
+        # the chat's own model (chatapp/keeper/chat_model.py), or None: this session serves
+        new, note = session_for(self.session, chat, self.model_loader())
+        restored = self._restore_into(new or self.session, chat_id, chat, folder)
+        if new is not None:
+            self.adopt(new)
+        self.restored = restored
         if note:
             detail = "; ".join(filter(None, (note, self.restored.detail)))
             self.restored = dataclasses.replace(self.restored, detail=detail)
@@ -347,19 +353,32 @@ class ChatKeeper:
     def _where(self) -> str:
         return f"still in chat #{self.chat_id}" if self.chat_id is not None else "this chat is unchanged"
 
-    def _restore_here(self, chat_id: int, chat: ChatData, folder) -> Restored:
-        """Restore `chat` into this session as a transaction (chatapp/store/rollback.py): on any
-        failure after the adopt step the chat this window held is put back before the error."""
-        checkpoint = rollback.take(self)
+    def _restore_into(self, session: Session, chat_id: int, chat: ChatData, folder) -> Restored:
+        """Restore `chat` into `session` as a transaction. This keeper's own session is restored
+        in place, so a failure puts the chat it held back (chatapp/keeper/rollback.py); another
+        session (the chat's own model) is only adopted on success, so a failure just drops it.
+        The two differ because in place keeps the loaded model, its cache and CUDA graphs."""
+        here = session is self.session
+        checkpoint = (rollback.take(session), {f: getattr(self, f) for f in STORED_CHAT_FIELDS}) if here else None
         try:
-            return restore(self.session, chat, self.identity(), folder)
+            return restore(session, chat, self.identity() if here else Fingerprint(session.lm).get(), folder)
         except BaseException as e:
-            rollback.put_back(self, checkpoint)
+            if checkpoint is None:
+                drop(session)
+            else:
+                self._put_back(*checkpoint)
             if not isinstance(e, Exception):
                 raise  # Ctrl+C: the chat is back as it was, and the interrupt goes on
             if isinstance(e, StoreError):
                 raise
             raise StoreError(f"chat {chat_id} could not be opened ({one_line(e)}); {self._where()}") from None
+
+    def _put_back(self, session_state: rollback.Checkpoint, fields: dict) -> None:
+        for name, value in fields.items():
+            setattr(self, name, value)
+        folder = self.store.snapshot_dir(self.chat_id) if self.store is not None and self.chat_id is not None else None
+        n = rollback.put_back(self.session, session_state, self.identity, folder)
+        self.clean_upto = min(self.clean_upto, n)  # positions past n will be recomputed: not the snapshot's
 
     def follow_rename(self) -> None:
         """The chats screen renames straight in the store: take the open chat's title from there,
@@ -396,7 +415,10 @@ class ChatKeeper:
         its `edit` event) and goes on with TEXT under its own id. Served here even without a
         store: the edit works, only the old continuation is not kept."""
         n, text, new = check_edit(self.session, arg)  # UserError: refused, nothing changed
-        yield keep_branch(self, n, text)
+        if self.store is None or self.store.read_only:  # nowhere to keep the old continuation
+            yield Branched(self.chat_id, None, "", n, text, 0)
+        else:
+            yield keep_branch(self.store, self.chat_data(), self.clean_upto, n, text)
         self.ephemeral = False  # the branch's title names this chat: an /undo to empty must not delete it
         yield from self._track(rewind_and_send(self.session, n, text, new))
 
@@ -413,5 +435,32 @@ class ChatKeeper:
         yield  # a generator, like every handler
 
     def switch_model(self, spec: str) -> Iterator[Event]:
-        """`/model SPEC`: the same chat on another model (chatapp/store/switch.py)."""
-        yield from switch(self, spec)
+        """`/model SPEC`: the same chat on another model (chatapp/keeper/switch.py); alone, the list."""
+        if not spec:
+            yield listing(self.session.lm.name, self.store.root if self.store else None)
+            return
+        done = yield from switch(self.session, spec, self.model_loader())
+        self.adopt(done.session)
+        if self.store is not None and not self.store.read_only:
+            remember(self.store.root, done.named)
+        yield from self.commit()
+        s = self.session
+        yield ModelSwitched(s.lm.name, done.previous, len(s.exchanges), done.dropped, s.cache.pos, s.cache.pos,
+                            s.cache.capacity, done.load_s, done.prefill_s, s.system)
+        yield from self.write_snapshot()
+
+    def model_loader(self) -> Loader:
+        return self.loader or same_options(self.session.lm)
+
+    def adopt(self, new: Session) -> None:
+        """Continue on `new` (a /model switch's, or a reopened chat's own model): same chat id and
+        title, the new model's identity. The saved signature is dropped so the next commit stores
+        the new model's name, identity and tokens even when the token ids came out the same; the
+        snapshot starts again from position 0. The old session's memory is given back."""
+        device = lm_device(self.session.lm)
+        self.session = new
+        self.fingerprint = Fingerprint(new.lm) if self.store else None
+        self._tokenizer_fp = None
+        self.writer, self.saved_sig, self.clean_upto = None, None, 0
+        self.restored = None  # its line described the old model's cache
+        release_memory(device)  # nothing refers to the old session now

@@ -9,16 +9,12 @@ before that has only the model's display name, which still finds a pulled model 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from chatapp.chat.session import Session
+from chatapp.keeper.switch import Loader, lm_device, load, release_memory
 from chatapp.pull.resolve import available, pullable
 from chatapp.store.database import ChatData
-from chatapp.store.switch import lm_device, load, release_memory
 from model.errors import UserError
-
-if TYPE_CHECKING:  # keeper.py imports this module
-    from chatapp.store.keeper import ChatKeeper
 
 
 def recorded_model(chat: ChatData) -> str | None:
@@ -28,21 +24,21 @@ def recorded_model(chat: ChatData) -> str | None:
     return pullable(chat.model)  # an older chat: its display name, if it is a pulled model's
 
 
-def session_for(keeper: ChatKeeper, chat: ChatData) -> tuple[Session | None, str]:
-    """A new session on the chat's own model (None: the current one serves), and a line saying
-    what happened when the chat's model could not be used."""
-    want, current = recorded_model(chat), keeper.session.settings.model
-    if want is None or want in (current, keeper.session.lm.name):
+def session_for(session: Session, chat: ChatData, loader: Loader) -> tuple[Session | None, str]:
+    """A new session on the chat's own model (None: the current `session` serves), and a line
+    saying what happened when the chat's model could not be used."""
+    want, current = recorded_model(chat), session.settings.model
+    if want is None or want in (current, session.lm.name):
         return None, ""
     if not available(want):
         return None, (f"chat #{chat.id} was made with {want}, which is not available here; "
-                      f"it opens on {keeper.session.lm.name} (/model {want} switches once it is)")
+                      f"it opens on {session.lm.name} (/model {want} switches once it is)")
     try:
-        lm, named = load(keeper, want)
+        lm, named = load(want, loader, session.lm.name)
     except UserError as e:
         return None, f"chat #{chat.id} was made with {want}, which did not load ({e}); opened on the current model"
-    settings = dataclasses.replace(keeper.session.settings, model=named)
-    return Session(lm, settings, context=keeper.session.context), ""
+    settings = dataclasses.replace(session.settings, model=named)
+    return Session(lm, settings, context=session.context), ""
 
 
 def drop(session: Session) -> None:

@@ -18,7 +18,7 @@ from chatapp.chat.events import Info
 from chatapp.store.database import StoreError
 
 if TYPE_CHECKING:  # keeper.py does not import this module; the faces do
-    from chatapp.store.keeper import ChatKeeper
+    from chatapp.keeper.keeper import ChatKeeper
 
 ATTEMPTS = 3
 PAUSE_S = 0.5
