@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import BinaryIO, TextIO
 
-from chatapp.chat.commands import is_text, split_input
+from chatapp.chat.commands import Command, is_text, parse_command, parse_input
 from chatapp.chat.events import Error, Event, Prefilling, Quit, TextDelta, to_json
 from chatapp.keeper.final_save import final_save
 from chatapp.keeper.keeper import ChatKeeper
+from model.errors import UserError
 
 
-def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[tuple[str, str] | Error]:
-    """Yield ("user", text) / ("command", text) pairs, or an Error for a bad line."""
+def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[Command | str | Error]:
+    """Yield each line parsed: a message's text, a Command, or an Error for a bad line (a
+    malformed command included, in the words the TUI shows)."""
     for n, raw in enumerate(stream, 1):
         try:
             line = raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")  # -sig: a BOM is not text
@@ -28,7 +30,7 @@ def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[tuple[str, str] | Err
         if not line.strip():
             continue
         if not jsonl:
-            yield split_input(line)
+            yield parsed(parse_input, line)
             continue
         try:
             obj = json.loads(line)
@@ -45,7 +47,14 @@ def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[tuple[str, str] | Err
         if not is_text(obj[kind]):  # a JSON escape can name a lone surrogate, which no text holds
             yield Error(f"line {n}: not valid Unicode (a lone surrogate); line skipped")
             continue
-        yield (kind, obj[kind])
+        yield parsed(parse_command, obj[kind]) if kind == "command" else obj[kind]
+
+
+def parsed(parse: Callable[[str], Command | str], text: str) -> Command | str | Error:
+    try:
+        return parse(text)
+    except UserError as e:
+        return Error(str(e))
 
 
 def emit(ev: Event, out: TextIO) -> None:
@@ -60,8 +69,7 @@ def run_headless(chat: ChatKeeper, stream: BinaryIO, jsonl: bool = False, out: T
         if isinstance(item, Error):
             emit(item, out)
             continue
-        kind, text = item
-        events = chat.run_command(text) if kind == "command" else chat.send(text)
+        events = chat.run(item) if isinstance(item, Command) else chat.send(item)
         for ev in events:
             match ev:
                 case TextDelta() | Prefilling():

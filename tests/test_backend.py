@@ -197,3 +197,14 @@ def app_notices(app) -> list[str]:
     from tui_pilot import notices
 
     return notices(app)
+
+
+def test_a_backend_chat_refuses_what_it_does_not_serve_in_one_line():
+    """Commands go through the one dispatcher (chatapp/keeper/base.py): /preset has no handler in
+    a --backend chat (it used to end in an AttributeError) and /model is refused by its own."""
+    keeper = RemoteKeeper(session_on("http://127.0.0.1:9"), None)  # nothing is sent: no server needed
+    assert list(keeper.run_command("/preset brief")) == [Error("/preset: not with --backend")]
+    (err,) = keeper.run_command("/model other")
+    assert err.message.startswith("/model: not with --backend:")
+    (state,) = keeper.run_command("/reset")
+    assert isinstance(state, CacheState) and state.event == "reset"

@@ -17,6 +17,7 @@ from safetensors.torch import save
 from chatapp.chat.events import Error, Info
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
 from chatapp.keeper.models import RECENT_FILE, recent
 from chatapp.store.database import ChatStore, StoreError
 from chatapp.store.export import ExportedChat, export
@@ -40,9 +41,10 @@ def one_error(events) -> str:
 def test_file_refuses_fifos_devices_and_unknown_users_in_one_line_at_once(session, tmp_path):
     os.mkfifo(tmp_path / "fifo")
     t0 = time.perf_counter()
-    assert "a FIFO, not a regular file" in one_error(session.run_command(f"/file {tmp_path / 'fifo'}"))
-    assert "a character device" in one_error(session.run_command("/file /dev/zero"))
-    assert "not a usable path" in one_error(session.run_command("/file ~nosuchuser-27/x"))
+    k = ChatKeeper(session, None)
+    assert "a FIFO, not a regular file" in one_error(k.run_command(f"/file {tmp_path / 'fifo'}"))
+    assert "a character device" in one_error(k.run_command("/file /dev/zero"))
+    assert "not a usable path" in one_error(k.run_command("/file ~nosuchuser-27/x"))
     assert time.perf_counter() - t0 < 1.0 and not session.attached.files
 
 

@@ -63,7 +63,7 @@ def turn_ttft(session: Session, repeats: int) -> tuple[TurnStats, float]:
     first = first_turn(session)
     times = [first.ttft_ms]
     for _ in range(repeats - 1):
-        list(session.run_command("/undo"))
+        list(session.undo())
         times.append(first_turn(session).ttft_ms)
     return first, statistics.median(times)
 

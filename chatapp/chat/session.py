@@ -20,7 +20,7 @@ from dataclasses import replace
 from chatapp.chat import trim, whole
 from chatapp.chat.attach import PASTED, Attachment, Attachments, Budget, file_command
 from chatapp.chat.clip import pick_reply, reply_text
-from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
+from chatapp.chat.commands import help_text, is_text
 from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, TextDelta, Trimmed, TurnStats
 from chatapp.chat.exchange import Exchange
 from chatapp.chat.figures import stats_line, weights_format
@@ -329,18 +329,7 @@ class Session:
         yield ev
         return ev
 
-    # --- commands (chatapp/chat/commands.py's table names these handlers) ----------
-    def run_command(self, line: str) -> Iterator[Event]:
-        try:
-            cmd = parse_command(line)
-        except UserError as e:
-            yield Error(str(e))
-            return
-        if cmd.spec.store:  # served by chatapp/keeper/keeper.py's ChatKeeper
-            yield Error(f"{cmd.name}: chats are not kept in this session")
-            return
-        yield from run_handler(getattr(self, cmd.spec.handler), cmd.arg)
-
+    # --- commands (chatapp/chat/commands.py's table names these; the keeper dispatches) ------
     def reset_chat(self, _arg: str = "") -> Iterator[Event]:
         self.reset()
         yield self.state("reset")

@@ -1,6 +1,6 @@
 """The chat keeper: the one chat object the faces talk to, with or without a store.
 
-Faces call `keeper.send(text)` / `keeper.run_command(line)` and get the session's events, plus
+Faces call `keeper.send(text)` / `keeper.run(command)` (chatapp/keeper/base.py) and get the session's events, plus
 `Saved`/`Restored` for /save and /load. Ordering is the point:
   1. an event that reports a change to the chat arrives (a turn, an undo, a trim, /set, ...),
   2. the whole chat is committed to SQLite,
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 from safetensors import SafetensorError
 
-from chatapp.chat.commands import parse_chat_id, parse_command, run_handler
+from chatapp.chat.commands import parse_chat_id
 from chatapp.chat.edit import check_edit, rewind_and_send
 from chatapp.chat.events import (
     Branched,
@@ -36,6 +36,7 @@ from chatapp.chat.events import (
 from chatapp.chat.presets import Presets, preset_command
 from chatapp.chat.session import Session
 from chatapp.keeper import rollback
+from chatapp.keeper.base import Keeper
 from chatapp.keeper.branch import keep_branch
 from chatapp.keeper.chat_model import drop, session_for
 from chatapp.keeper.models import listing, remember
@@ -70,7 +71,7 @@ def default_title(session: Session) -> str:
     return first if len(first) <= 48 else first[:47] + "…"
 
 
-class ChatKeeper:
+class ChatKeeper(Keeper):
     def __init__(self, session: Session, store: ChatStore | None, why_no_store: str = "--no-store"):
         self.session, self.store = session, store
         self.why_no_store = why_no_store
@@ -93,26 +94,9 @@ class ChatKeeper:
         self.loader: Loader | None = None  # /model's: launch loads with the flags' device and dtype
         self.presets = Presets()  # launch gives it the config's and the saved ones
 
-    # --- what faces call ----------------------------------------------------------
-    def send(self, text: str) -> Iterator[Event]:
-        yield from self._track(self.session.send(text))
-
-    def run_command(self, line: str) -> Iterator[Event]:
-        """A /command, dispatched through chatapp/chat/commands.py's table: the keeper's own
-        (store=True) here, the rest by the session, with the chat committed as they report."""
-        try:
-            cmd = parse_command(line)
-        except UserError as e:
-            yield Error(str(e))
-            return
-        if cmd.spec.store:
-            yield from run_handler(getattr(self, cmd.spec.handler), cmd.arg)
-        else:
-            yield from self._track(run_handler(getattr(self.session, cmd.spec.handler), cmd.arg))
-            yield from self.write_snapshot()
-
-    def cancel(self) -> None:
-        self.session.cancel()
+    # --- what faces call: send, run (chatapp/keeper/base.py), cancel ----------------------
+    def after_command(self) -> Iterator[Event]:
+        yield from self.write_snapshot()
 
     def ready_fields(self) -> dict:
         r = self.restored
@@ -122,7 +106,7 @@ class ChatKeeper:
                 "read_only": bool(self.store and self.store.read_only)}
 
     # --- the turn's ordering ------------------------------------------------------
-    def _track(self, events: Iterator[Event]) -> Iterator[Event]:
+    def track(self, events: Iterator[Event]) -> Iterator[Event]:
         """Hand on the session's events, committing the chat before any event that reports a
         change to it, and writing the snapshot after each turn."""
         s = self.session
@@ -315,10 +299,6 @@ class ChatKeeper:
             return [self.read_only_notice()] if self.unsaved() else []
         return list(self.commit())
 
-    def unsaved(self) -> bool:
-        """The chat differs from what this window last stored (an empty new chat never counts)."""
-        return bool(self.session.exchanges or self.chat_id is not None) and self.signature() != self.saved_sig
-
     def open(self, chat_id: int) -> tuple[Restored, list[Error]]:
         """Continue stored chat `chat_id` in this session. StoreError: not found, or cannot fit
         (the session is unchanged then). The chat is saved again at once: it becomes the latest
@@ -420,14 +400,12 @@ class ChatKeeper:
         else:
             yield keep_branch(self.store, self.chat_data(), self.clean_upto, n, text)
         self.ephemeral = False  # the branch's title names this chat: an /undo to empty must not delete it
-        yield from self._track(rewind_and_send(self.session, n, text, new))
+        yield from self.track(rewind_and_send(self.session, n, text, new))
 
-    def attach_text(self, text: str) -> Iterator[Event]:
-        """A paste too large for the input box: attached to the next message, as /file does."""
-        yield from run_handler(self.session.attach_text, text)
+
     def preset(self, arg: str) -> Iterator[Event]:
         """`/preset ...` (chatapp/chat/presets.py); choosing one starts a new chat, as /system does."""
-        yield from self._track(preset_command(self.presets, arg, self.session.system, self.session.set_system))
+        yield from self.track(preset_command(self.presets, arg, self.session.system, self.session.set_system))
 
     def theme(self, _arg: str) -> Iterator[Event]:
         """The TUI serves /theme itself; here (headless) there is nothing to colour."""

@@ -10,18 +10,22 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-from chatapp.chat.commands import parse_chat_id, parse_command, run_handler
+from chatapp.chat.commands import parse_chat_id
 from chatapp.chat.events import CacheState, Error, Event, Info, Restored, Saved, TurnStats
 from chatapp.chat.settings import Settings
+from chatapp.keeper.base import Keeper
 from chatapp.remote.session import RemoteExchange, RemoteSession
 from chatapp.store.database import ChatChanged, ChatData, ChatStore, StoredMessage, StoreError
 from chatapp.store.export import ExportedChat, export
 from model.errors import UserError
 
+NO_SERVER_SIDE = "the server decides the model: start another server, or leave out --backend"
 FINGERPRINT = "remote"  # stands where a local chat has its model's fingerprint: no snapshot can match it
 
 
-class RemoteKeeper:
+class RemoteKeeper(Keeper):
+    unserved = "not with --backend"
+
     def __init__(self, session: RemoteSession, store: ChatStore | None, why_no_store: str = "--no-store"):
         self.session, self.store, self.why_no_store = session, store, why_no_store
         self.chat_id: int | None = None
@@ -32,27 +36,13 @@ class RemoteKeeper:
         self.saved_sig: tuple | None = None   # what the store holds of this chat (final_save asks)
         self.last_error = ""
 
-    def send(self, text: str) -> Iterator[Event]:
-        yield from self._track(self.session.send(text))
+    def edit(self, arg: str) -> Iterator[Event]:
+        """/edit N TEXT: the session rewinds and goes on (no branch is kept: the chat is text only)."""
+        yield from self.track(self.session.edit(arg))
 
-    def run_command(self, line: str) -> Iterator[Event]:
-        try:
-            cmd = parse_command(line)
-        except UserError as e:
-            yield Error(str(e))
-            return
-        if cmd.name in ("/save", "/load", "/export"):
-            yield from run_handler(getattr(self, cmd.spec.handler), cmd.arg)
-        elif cmd.name == "/edit":
-            yield from self._track(run_handler(self.session.edit, cmd.arg))
-        else:
-            yield from self._track(self.session.run_command(line))
-
-    def cancel(self) -> None:
-        self.session.cancel()
-
-    def attach_text(self, text: str) -> Iterator[Event]:
-        yield from run_handler(self.session.attach_text, text)
+    def switch_model(self, _spec: str) -> Iterator[Event]:
+        raise UserError(f"/model: not with --backend: {NO_SERVER_SIDE}")
+        yield  # a generator, like every handler
 
     def follow_rename(self) -> None:
         if self.store is not None and self.chat_id is not None:
@@ -67,7 +57,7 @@ class RemoteKeeper:
                 "backend": self.session.client.base, "server_model": self.session.model}
 
     # --- the store -----------------------------------------------------------------
-    def _track(self, events: Iterator[Event]) -> Iterator[Event]:
+    def track(self, events: Iterator[Event]) -> Iterator[Event]:
         """Commit after a turn or a change, before handing its event on (as ChatKeeper does)."""
         for ev in events:
             if isinstance(ev, CacheState) and ev.event in ("reset", "system"):
@@ -87,10 +77,6 @@ class RemoteKeeper:
 
     def signature(self) -> tuple:
         return self.title, [(ex.user, ex.reply) for ex in self.session.exchanges]
-
-    def unsaved(self) -> bool:
-        """The chat differs from what this window last stored (an empty new chat never counts)."""
-        return bool(self.session.exchanges or self.chat_id is not None) and self.signature() != self.saved_sig
 
     def autosave(self) -> Iterator[Event]:
         yield from self.commit()

@@ -1,7 +1,7 @@
 """The Textual face of the session: a transcript, an input box and a live KV-cache panel.
 
 All conversation logic lives in `Session`. This app only forwards input to
-`session.send` / `session.run_command` in a worker thread and renders the events that
+`keeper.send` / `keeper.run` (a command parsed once, here) in a worker thread and renders the events that
 come back (batched by `bridge.pump`). See docs/tui.md for the threading model.
 """
 
@@ -19,7 +19,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from chatapp.chat.commands import TABLE, CommandSpec, parse_command, split_input
+from chatapp.chat.commands import TABLE, Command, CommandSpec, parse_input
 from chatapp.chat.events import (
     Branched,
     CacheState,
@@ -212,9 +212,15 @@ class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
         """Send a message or run a command; False if the app cannot take it now."""
         if not self.can_start():
             return False
-        kind, text = split_input(text)
-        if kind == "command":
-            return await self.command(text)
+        try:
+            parsed = parse_input(text)
+        except UserError as e:  # shown as the keeper's events are, in the turn's order
+            refusal = Error(str(e))
+            self.start_turn(lambda: iter((refusal,)), "command")
+            return True
+        if isinstance(parsed, Command):
+            return self.command(parsed)
+        text = parsed
         await self.transcript.add_user(text)
         self.mark_attached()
         self.sent = text
@@ -238,19 +244,15 @@ class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
             self.notify(f"/theme: no theme {name!r}; themes: {', '.join(sorted(self.available_themes))}",
                         severity="error")
 
-    async def command(self, line: str) -> bool:
+    def command(self, cmd: Command) -> bool:
         """A command the screen serves itself (its table entry names the action) runs here; the
-        rest go to the keeper, which reports malformed ones in the same words as headless mode."""
-        try:
-            cmd = parse_command(line)
-        except UserError:
-            cmd = None
-        if cmd is not None and cmd.spec.tui:
+        rest go to the keeper."""
+        if cmd.spec.tui:
             getattr(self, f"action_{cmd.spec.screen}")(cmd.arg)
-        elif cmd is not None and cmd.spec.screen and not cmd.arg:
+        elif cmd.spec.screen and not cmd.arg:
             getattr(self, f"action_{cmd.spec.screen}")()
         else:
-            self.start_turn(partial(self.keeper.run_command, line), "command")
+            self.start_turn(partial(self.keeper.run, cmd), "command")
         return True
 
     def can_start(self) -> bool:
@@ -413,9 +415,9 @@ class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
         if action is None or not self.can_start():  # a turn started behind the screen (the palette)
             return
         if action.kind == "open" and action.chat_id != self.keeper.chat_id:
-            self.start_turn(partial(self.keeper.run_command, f"/load {action.chat_id}"), "command")
+            self.start_turn(partial(self.keeper.run, Command.of("/load", str(action.chat_id))), "command")
         elif action.kind == "new":
-            self.start_turn(partial(self.keeper.run_command, "/reset"), "command")
+            self.start_turn(partial(self.keeper.run, Command.of("/reset")), "command")
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):

@@ -1,0 +1,79 @@
+"""What every keeper shares (the in-process `ChatKeeper` and `--backend`'s `RemoteKeeper`): the
+one command dispatcher, and the chats screen's rename and delete.
+
+A face parses a typed line once (`chatapp/chat/commands.py`'s `parse_command`) and hands the
+`Command` to `keeper.run`. The table says who serves it: a `store` command is the keeper's own
+method, any other the session's, whose events go through the keeper's `track` so that the chat
+is committed before an event reporting a change leaves. A keeper without the handler (a
+`--backend` chat has no `/preset`) refuses in one line.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Any
+
+from chatapp.chat.commands import Command, parse_command, run_handler
+from chatapp.chat.events import Error, Event
+from chatapp.store.database import ChatStore
+from model.errors import UserError
+
+
+class Keeper(ABC):
+    session: Any              # a Session, or a RemoteSession: the handlers the table names
+    store: ChatStore | None
+    chat_id: int | None       # the stored chat this window holds (None: not stored yet)
+    title: str | None
+    saved_sig: tuple | None   # `signature()` as last committed
+    why_no_store: str
+    unserved = "not available in this session"  # a command whose handler this keeper lacks
+
+    @abstractmethod
+    def track(self, events: Iterator[Event]) -> Iterator[Event]:
+        """Hand on a session handler's events, committing the chat as they report changes."""
+
+    @abstractmethod
+    def signature(self) -> tuple:
+        """What the store must match for this chat to count as saved."""
+
+    def after_command(self) -> Iterator[Event]:
+        """After a session command's events: ChatKeeper brings its KV snapshot up to date."""
+        return iter(())
+
+    # --- commands: the one dispatcher ---------------------------------------------------
+    def run(self, cmd: Command) -> Iterator[Event]:
+        owner = self if cmd.spec.store else self.session
+        handler = getattr(owner, cmd.spec.handler, None)
+        if handler is None:
+            yield Error(f"{cmd.name}: {self.unserved}")
+            return
+        if cmd.spec.store:
+            yield from run_handler(handler, cmd.arg)
+            return
+        yield from self.track(run_handler(handler, cmd.arg))
+        yield from self.after_command()
+
+    def run_command(self, line: str) -> Iterator[Event]:
+        """A typed line, for scripts and tests: parsed once here, then `run`. Faces parse it
+        themselves (they serve some commands with a screen) and call `run`."""
+        try:
+            cmd = parse_command(line)
+        except UserError as e:
+            yield Error(str(e))
+            return
+        yield from self.run(cmd)
+
+    def send(self, text: str) -> Iterator[Event]:
+        yield from self.track(self.session.send(text))
+
+    def cancel(self) -> None:
+        self.session.cancel()
+
+    def attach_text(self, text: str) -> Iterator[Event]:
+        """A paste too large for the input box: attached to the next message, as /file does."""
+        yield from run_handler(self.session.attach_text, text)
+
+    def unsaved(self) -> bool:
+        """The chat differs from what this window last stored (an empty new chat never counts)."""
+        return bool(self.session.exchanges or self.chat_id is not None) and self.signature() != self.saved_sig
