@@ -1,5 +1,6 @@
 """What every keeper shares (the in-process `ChatKeeper` and `--backend`'s `RemoteKeeper`): the
-one command dispatcher, and the chats screen's rename and delete.
+one command dispatcher, and the chats screen's list, rename and delete (the screen writes to the
+store only through its keeper, from a worker thread).
 
 A face parses a typed line once (`chatapp/chat/commands.py`'s `parse_command`) and hands the
 `Command` to `keeper.run`. The table says who serves it: a `store` command is the keeper's own
@@ -16,7 +17,7 @@ from typing import Any
 
 from chatapp.chat.commands import Command, parse_command, run_handler
 from chatapp.chat.events import Error, Event
-from chatapp.store.database import ChatStore
+from chatapp.store.database import ChatStore, ChatSummary
 from model.errors import UserError
 
 
@@ -73,6 +74,33 @@ class Keeper(ABC):
     def attach_text(self, text: str) -> Iterator[Event]:
         """A paste too large for the input box: attached to the next message, as /file does."""
         yield from run_handler(self.session.attach_text, text)
+
+    # --- the chats screen (chatapp/tui/chats_screen.py) -----------------------------------
+    def chats(self, query: str = "") -> tuple[list[ChatSummary], set[int] | None]:
+        """The stored chats, newest first, and the ids of those holding `query` (None: no search)."""
+        store = self.listed_store()
+        return store.list(), (store.search(query) if query else None)
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        """StoreError: not renamed. The open chat takes its new title at once, so the next save
+        keeps it rather than writing the old one back, and a chat that was saved stays saved."""
+        saved = self.chat_id == chat_id and not self.unsaved()
+        title = self.listed_store().rename(chat_id, title)
+        if chat_id == self.chat_id:
+            self.title = title
+            if saved:
+                self.saved_sig = self.signature()
+
+    def delete_chat(self, chat_id: int) -> None:
+        """StoreError: not deleted. The chat open here is refused: this window would store it again."""
+        if chat_id == self.chat_id:
+            raise UserError(f"chat #{chat_id} is open here: open another or start a new chat before deleting it")
+        self.listed_store().delete(chat_id)
+
+    def listed_store(self) -> ChatStore:
+        if self.store is None:
+            raise UserError(f"chats are not stored in this session ({self.why_no_store})")
+        return self.store
 
     def unsaved(self) -> bool:
         """The chat differs from what this window last stored (an empty new chat never counts)."""

@@ -360,18 +360,6 @@ class ChatKeeper(Keeper):
         n = rollback.put_back(self.session, session_state, self.identity, folder)
         self.clean_upto = min(self.clean_upto, n)  # positions past n will be recomputed: not the snapshot's
 
-    def follow_rename(self) -> None:
-        """The chats screen renames straight in the store: take the open chat's title from there,
-        or the next autosave would write the old one back."""
-        if self.store is None or self.chat_id is None:
-            return
-        try:
-            chat = self.store.get(self.chat_id)
-        except StoreError:
-            return  # the store's trouble shows at the next save
-        if chat is not None:
-            self.title = chat.title
-
     def detach(self) -> None:
         self.chat_id, self.title, self.writer, self.saved_sig = None, None, None, None
         self.clean_upto, self.created, self.expect, self.ephemeral = 0, 0.0, None, False

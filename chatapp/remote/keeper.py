@@ -44,14 +44,6 @@ class RemoteKeeper(Keeper):
         raise UserError(f"/model: not with --backend: {NO_SERVER_SIDE}")
         yield  # a generator, like every handler
 
-    def follow_rename(self) -> None:
-        if self.store is not None and self.chat_id is not None:
-            try:
-                chat = self.store.get(self.chat_id)
-            except StoreError:
-                return
-            self.title = chat.title if chat else self.title
-
     def ready_fields(self) -> dict:
         return {"store": str(self.store.path) if self.store else None, "chat": self.chat_id, "title": self.title,
                 "backend": self.session.client.base, "server_model": self.session.model}

@@ -294,13 +294,15 @@ class ChatStore:
         if [tuple(r) for r in held] != expect:
             raise ChatChanged(f"chat {chat_id} was changed or deleted in another window")
 
-    def rename(self, chat_id: int, title: str) -> None:
+    def rename(self, chat_id: int, title: str) -> str:
+        """The title as stored (whitespace runs made one space)."""
         title = " ".join(title.split())
         if not title:
             raise StoreError("a chat title cannot be empty")
         with self._guard("rename the chat") as db:
             if db.execute("UPDATE chats SET title = ? WHERE id = ?", (title, chat_id)).rowcount == 0:
                 raise StoreError(f"no chat {chat_id}")
+        return title
 
     def delete(self, chat_id: int, expect: list[tuple[str, str]] | None = None) -> None:
         """With `expect` (as for `save`): ChatChanged, and nothing deleted, if the store holds

@@ -407,10 +407,9 @@ class ChatApp(ModelSwitching, TokenCount, PrefillWatch, Editing):
         if self.keeper.store is None:
             self.notify(f"Chats are not kept in this session ({self.keeper.why_no_store}).", severity="warning")
             return
-        self.push_screen(ChatsScreen(self.keeper.store, self.keeper.chat_id), self.chats_closed)
+        self.push_screen(ChatsScreen(self.keeper), self.chats_closed)
 
     async def chats_closed(self, action: ChatAction | None) -> None:
-        self.keeper.follow_rename()
         self.show_chat()
         if action is None or not self.can_start():  # a turn started behind the screen (the palette)
             return
