@@ -35,6 +35,8 @@ class TokenCount:
         text, s = self.input.text, self.session
         if s is None or not text.strip() or text.lstrip().startswith("/") and not text.lstrip().startswith("//"):
             return ""
+        if s.tok is None:  # a --backend chat: the server's tokenizer is not here
+            return ""
         n = len(s.tok.encode(text))
         room = s.message_room
         return f"{n:,} tokens" + (f", more than the {room:,} a message can hold" if n > room else "")
