@@ -62,33 +62,33 @@ def emit(ev: Event, out: TextIO) -> None:
     out.flush()
 
 
-def run_headless(chat: ChatKeeper, stream: BinaryIO, jsonl: bool = False, out: TextIO = sys.stdout) -> int:
+def run_headless(keeper: ChatKeeper, stream: BinaryIO, jsonl: bool = False, out: TextIO = sys.stdout) -> int:
     """Feed each input line to the chat (which stores it as it goes, if it has a store)."""
-    emit_ready(chat, out)
+    emit_ready(keeper, out)
     for item in read_inputs(stream, jsonl):
         if isinstance(item, Error):
             emit(item, out)
             continue
-        events = chat.run(item) if isinstance(item, Command) else chat.send(item)
+        events = keeper.run(item) if isinstance(item, Command) else keeper.send(item)
         for ev in events:
             match ev:
                 case TextDelta() | Prefilling():
                     continue  # the turn event carries the whole reply; the trim event the re-prefill's figures
                 case Quit():
-                    return farewell(chat, out)
+                    return farewell(keeper, out)
                 case _:
                     emit(ev, out)
-    return farewell(chat, out)
+    return farewell(keeper, out)
 
 
-def farewell(chat: ChatKeeper, out: TextIO) -> int:
+def farewell(keeper: ChatKeeper, out: TextIO) -> int:
     """The last save before the process goes; 1, with one error line, if turns are not on disk."""
-    if line := final_save(chat):
+    if line := final_save(keeper):
         emit(Error(line), out)
         return 1
     return 0
 
 
-def emit_ready(chat: ChatKeeper, out: TextIO) -> None:
-    out.write(json.dumps({"event": "ready", **chat.session.stats(), **chat.ready_fields()}) + "\n")
+def emit_ready(keeper: ChatKeeper, out: TextIO) -> None:
+    out.write(json.dumps({"event": "ready", **keeper.session.stats(), **keeper.ready_fields()}) + "\n")
     out.flush()

@@ -9,7 +9,8 @@ from chatapp.chat.settings import Settings
 from chatapp.remote.client import OpenAIClient
 from chatapp.remote.keeper import RemoteKeeper
 from chatapp.remote.session import RemoteSession
-from chatapp.store.database import ChatData, ChatStore, StoredMessage
+from chatapp.store.database import ChatStore
+from chatapp.store.records import ChatRecord, StoredMessage
 from chatapp.tui.chats_screen import ChatAction, ChatsScreen
 
 
@@ -35,7 +36,7 @@ def fill(store: ChatStore, n: int) -> list[int]:
     ids = []
     for i in range(n):
         msgs = [StoredMessage("user", f"question {i}", [1]), StoredMessage("assistant", "answer", [2])]
-        ids.append(store.save(ChatData(f"chat {i}", "random:tiny", "fp", "tfp", {}, "sys", [], 0, msgs)))
+        ids.append(store.save(ChatRecord(f"chat {i}", "random:tiny", "fp", "tfp", {}, "sys", [], 0, msgs)))
     return ids
 
 
@@ -97,7 +98,7 @@ def test_titles_and_model_names_are_shown_as_typed_not_as_markup(tmp_path):
     """A first message like "[INST] hi [/INST]" becomes the title; as markup it crashed the screen."""
     store = ChatStore(tmp_path)
     msgs = [StoredMessage("user", "q", [1]), StoredMessage("assistant", "a", [2])]
-    store.save(ChatData("[INST] hi [/INST] [bold]x[/]", "m[/b]odel", "fp", "tfp", {}, "sys", [], 0, msgs))
+    store.save(ChatRecord("[INST] hi [/INST] [bold]x[/]", "m[/b]odel", "fp", "tfp", {}, "sys", [], 0, msgs))
     results, rows = run(store)
     assert results == [] and str(rows[0][1]) == "[INST] hi [/INST] [bold]x[/]" and str(rows[0][2]) == "m[/b]odel"
 
@@ -118,7 +119,7 @@ def test_empty_store_says_so(tmp_path):
 def test_search_filters_by_title_and_message_and_esc_clears_it(tmp_path):
     store = ChatStore(tmp_path)
     fill(store, 3)
-    store.save(ChatData("recipes", "random:tiny", "fp", "tfp", {}, "sys", [], 0,
+    store.save(ChatRecord("recipes", "random:tiny", "fp", "tfp", {}, "sys", [], 0,
                         [StoredMessage("user", "how long to bake banana_bread?", [1]),
                          StoredMessage("assistant", "about an hour", [2])]))
     _, rows = run(store, keys=["slash", tuple("banana_b")])  # '_' is literal, not LIKE's wildcard

@@ -19,9 +19,10 @@ from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.keeper.keeper import ChatKeeper
 from chatapp.keeper.models import RECENT_FILE, recent
-from chatapp.store.database import ChatStore, StoreError
+from chatapp.store.database import ChatStore
 from chatapp.store.export import ExportedChat, export
 from chatapp.store.identity import Fingerprint
+from chatapp.store.records import StoreError
 from chatapp.store.snapshots import FORMAT, checksum, load_chain, scan, write_segment
 from chatapp.store.tempfiles import write_atomic
 

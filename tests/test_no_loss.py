@@ -13,7 +13,8 @@ from chatapp.chat.settings import Settings
 from chatapp.keeper.final_save import final_save
 from chatapp.keeper.keeper import ChatKeeper
 from chatapp.keeper.reopen import pairs
-from chatapp.store.database import ChatStore, StoreError
+from chatapp.store.database import ChatStore
+from chatapp.store.records import StoreError
 from tests.test_session import assert_invariant
 
 

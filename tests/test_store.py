@@ -11,16 +11,17 @@ from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.keeper.keeper import ChatKeeper, Saved
 from chatapp.keeper.reopen import Restored
-from chatapp.store.database import ChatData, ChatStore, StoredMessage, StoreError, chats_dir, data_home
+from chatapp.store.database import ChatStore, chats_dir, data_home
+from chatapp.store.records import ChatRecord, StoredMessage, StoreError
 from model.errors import UserError
 
 
-def chat(title="t", n=2) -> ChatData:
+def chat(title="t", n=2) -> ChatRecord:
     msgs = []
     for i in range(n):
         msgs += [StoredMessage("user", f"q{i}", [1, 2, i]), StoredMessage("assistant", f"a{i}", [3, i], [{"expr": "1+1",
                                                                                             "result": "2"}])]
-    return ChatData(title, "random:tiny", "fp", "tfp", {"temperature": 0.0}, "sys", [9, 9], 17, msgs)
+    return ChatRecord(title, "random:tiny", "fp", "tfp", {"temperature": 0.0}, "sys", [9, 9], 17, msgs)
 
 
 def turns(events) -> list[TurnStats]:

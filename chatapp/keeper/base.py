@@ -17,7 +17,8 @@ from typing import Any
 
 from chatapp.chat.commands import Command, parse_command, run_handler
 from chatapp.chat.events import Error, Event
-from chatapp.store.database import ChatStore, ChatSummary
+from chatapp.store.database import ChatStore
+from chatapp.store.records import ChatSummary
 from model.errors import UserError
 
 
@@ -28,6 +29,7 @@ class Keeper(ABC):
     title: str | None
     saved_sig: tuple | None   # `signature()` as last committed
     why_no_store: str
+    last_error: str           # the last save's failure, "" once a save went through
     unserved = "not available in this session"  # a command whose handler this keeper lacks
 
     @abstractmethod
@@ -37,6 +39,14 @@ class Keeper(ABC):
     @abstractmethod
     def signature(self) -> tuple:
         """What the store must match for this chat to count as saved."""
+
+    @abstractmethod
+    def autosave(self) -> Iterator[Event]:
+        """Commit the chat if it changed (the faces' exit: chatapp/keeper/final_save.py)."""
+
+    @abstractmethod
+    def export(self, dest: str) -> Iterator[Event]:
+        """`/export [PATH]`: the chat as Markdown."""
 
     def after_command(self) -> Iterator[Event]:
         """After a session command's events: ChatKeeper brings its KV snapshot up to date."""

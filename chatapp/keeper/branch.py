@@ -17,30 +17,31 @@ import os
 from pathlib import Path
 
 from chatapp.chat.events import Branched
-from chatapp.store.database import ChatData, ChatStore, StoreError
+from chatapp.store.database import ChatStore
+from chatapp.store.records import ChatRecord, StoreError
 from chatapp.store.snapshots import scan
 from chatapp.store.tempfiles import fsync_path, write_atomic
 from model.errors import UserError
 
 
-def keep_branch(store: ChatStore, chat: ChatData, clean_upto: int, n: int, text: str) -> Branched:
-    """Store `chat` (the keeper's chat as it is, before /edit's rewind to message `n`) as a new
-    chat sharing the snapshot of `chat.id` up to `clean_upto` (how far that snapshot is known to
+def keep_branch(store: ChatStore, record: ChatRecord, clean_upto: int, n: int, text: str) -> Branched:
+    """Store `record` (the keeper's chat as it is, before /edit's rewind to message `n`) as a new
+    chat sharing the snapshot of `record.id` up to `clean_upto` (how far that snapshot is known to
     match the cache). UserError, nothing stored, if it cannot be: an edit never loses a
     continuation the store does not have."""
-    title = branch_title(chat.title, chat.id, n)
+    title = branch_title(record.title, record.id, n)
     try:
-        branch = store.save(dataclasses.replace(chat, id=None, created=0.0, title=title))
+        branch = store.save(dataclasses.replace(record, id=None, created=0.0, title=title))
     except StoreError as e:
         raise UserError(f"/edit: nothing changed: the old continuation could not be kept ({e}); "
                         "/export keeps a copy") from None
     shared = 0
-    if chat.id is not None:
+    if record.id is not None:
         try:  # a branch without its snapshot is still whole: reopening it re-prefills
-            shared = share_snapshot(store.snapshot_dir(chat.id), store.snapshot_dir(branch), clean_upto)
+            shared = share_snapshot(store.snapshot_dir(record.id), store.snapshot_dir(branch), clean_upto)
         except OSError:
             pass
-    return Branched(chat.id, branch, title, n, text, shared)
+    return Branched(record.id, branch, title, n, text, shared)
 
 
 def branch_title(title: str, chat_id: int | None, message: int) -> str:

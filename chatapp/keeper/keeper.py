@@ -1,15 +1,7 @@
-"""The chat keeper: the one chat object the faces talk to, with or without a store.
-
-Faces call `keeper.send(text)` / `keeper.run(command)` (chatapp/keeper/base.py) and get the session's events, plus
-`Saved`/`Restored` for /save and /load. Ordering is the point:
-  1. an event that reports a change to the chat arrives (a turn, an undo, a trim, /set, ...),
-  2. the whole chat is committed to SQLite,
-  3. then the event is handed on (so whatever a face shows is already on disk),
-  4. after a turn, the KV snapshot is brought up to date (only the new positions are written).
-A failing store (locked, disk full) yields one clear Error; the conversation stays in memory and
-the next save writes all of it, so nothing is lost and the chat goes on. A read-only store is
-never written: chats list, open and continue in memory, and the first change says once that
-nothing will be saved.
+"""The chat keeper: the one chat object the faces talk to, with or without a store, and the
+commands it serves itself (the table's `store=True` ones): /save, /load, /export, /edit,
+/preset, /model, plus opening a chat at launch. What it commits and when is its saving half
+(chatapp/keeper/saving.py); dispatching commands, the base (chatapp/keeper/base.py).
 """
 
 from __future__ import annotations
@@ -17,86 +9,36 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-from safetensors import SafetensorError
-
 from chatapp.chat.commands import parse_chat_id
 from chatapp.chat.edit import check_edit, rewind_and_send
-from chatapp.chat.events import (
-    Branched,
-    CacheState,
-    Error,
-    Event,
-    Info,
-    ModelSwitched,
-    Restored,
-    Saved,
-    Trimmed,
-    TurnStats,
-)
+from chatapp.chat.events import Branched, Error, Event, Info, ModelSwitched, Restored, Saved
 from chatapp.chat.presets import Presets, preset_command
 from chatapp.chat.session import Session
 from chatapp.keeper import rollback
-from chatapp.keeper.base import Keeper
 from chatapp.keeper.branch import keep_branch
 from chatapp.keeper.chat_model import drop, session_for
 from chatapp.keeper.models import listing, remember
-from chatapp.keeper.reopen import restore, stored_messages
+from chatapp.keeper.reopen import restore
+from chatapp.keeper.saving import SavingKeeper, default_title
 from chatapp.keeper.switch import Loader, lm_device, one_line, release_memory, same_options, switch
-from chatapp.store.database import ChatChanged, ChatData, ChatStore, StoreError, describe
+from chatapp.store.database import ChatStore
 from chatapp.store.export import ExportedChat, export
-from chatapp.store.identity import Fingerprint, ModelIdentity, tokenizer_fingerprint
-from chatapp.store.snapshots import SnapshotWriter, snapshot_bytes
+from chatapp.store.identity import Fingerprint
+from chatapp.store.records import ChatRecord, StoreError
+from chatapp.store.snapshots import snapshot_bytes
 from model.errors import UserError
 
-SNAPSHOT_BUDGET = 4 << 30  # snapshots of older chats are pruned past this; those chats re-prefill
 # the keeper's fields that say which stored chat this window holds and how far it was saved: what
 # a failed open puts back (chatapp/keeper/rollback.py puts back the session's side)
 STORED_CHAT_FIELDS = ("chat_id", "title", "created", "expect", "writer", "clean_upto", "saved_sig", "restored",
                       "ephemeral", "last_error", "said_read_only")
 
 
-def reports_change(ev: Event) -> bool:
-    """Events after which the chat on disk must already match memory. A retry's rewind is the
-    start of a turn, not a change of its own: the store keeps the old reply until the new one."""
-    match ev:
-        case TurnStats() | Trimmed() | Info():  # Info: /set's change (a no-op commit for the rest)
-            return True
-        case CacheState(event=step):
-            return step != "retry"
-    return False
-
-
-def default_title(session: Session) -> str:
-    first = " ".join(session.exchanges[0].user.split()) if session.exchanges else "new chat"
-    return first if len(first) <= 48 else first[:47] + "…"
-
-
-class ChatKeeper(Keeper):
+class ChatKeeper(SavingKeeper):
     def __init__(self, session: Session, store: ChatStore | None, why_no_store: str = "--no-store"):
-        self.session, self.store = session, store
-        self.why_no_store = why_no_store
-        self.fingerprint = Fingerprint(session.lm) if store else None
-        self._tokenizer_fp: str | None = None
-        self.chat_id: int | None = None
-        self.title: str | None = None
-        self.created = 0.0
-        # the chat's messages as we last read or wrote them: a save finding others forks (store.save)
-        self.expect: list[tuple[str, str]] | None = None
-        self.writer: SnapshotWriter | None = None
-        self.clean_upto = 0          # cache positions below this are unchanged since the last snapshot
-        self.saved_sig: tuple | None = None
-        self.restored: Restored | None = None
-        self.last_error = ""
-        # created by this window's autosave and never /save'd or opened: only such a chat is
-        # deleted when /undo empties it (one the user named or reopened stays, even empty)
-        self.ephemeral = False
-        self.said_read_only = False
+        super().__init__(session, store, why_no_store)
         self.loader: Loader | None = None  # /model's: launch loads with the flags' device and dtype
         self.presets = Presets()  # launch gives it the config's and the saved ones
-
-    # --- what faces call: send, run (chatapp/keeper/base.py), cancel ----------------------
-    def after_command(self) -> Iterator[Event]:
-        yield from self.write_snapshot()
 
     def ready_fields(self) -> dict:
         r = self.restored
@@ -104,141 +46,6 @@ class ChatKeeper(Keeper):
                 "title": self.title, "restored_tokens": r.restored_tokens if r else 0,
                 "reprefilled_tokens": r.reprefilled_tokens if r else 0, "restore_detail": r.detail if r else "",
                 "read_only": bool(self.store and self.store.read_only)}
-
-    # --- the turn's ordering ------------------------------------------------------
-    def track(self, events: Iterator[Event]) -> Iterator[Event]:
-        """Hand on the session's events, committing the chat before any event that reports a
-        change to it, and writing the snapshot after each turn."""
-        s = self.session
-        low = s.cache.pos  # a plain turn only appends: positions below this stay as they were
-        for ev in events:
-            match ev:
-                case Trimmed():
-                    low = 0  # everything kept moved to new positions
-                case TurnStats() if s.exchanges:  # a /retry rewinds to before the reply, re-feeds one token
-                    low = min(low, s.exchanges[-1].reply_start - 1)
-                case CacheState(event="reset" | "system"):
-                    self.detach()  # a new chat: the old one stays stored as it was
-            self.clean_upto = min(self.clean_upto, low, s.cache.pos)
-            errors = list(self.commit()) if reports_change(ev) else []
-            yield ev
-            yield from errors
-            if isinstance(ev, TurnStats):
-                yield from self.write_snapshot()
-                low = s.cache.pos
-
-    def autosave(self) -> Iterator[Event]:
-        yield from self.commit()
-        yield from self.write_snapshot()
-
-    # --- SQLite -------------------------------------------------------------------
-    def signature(self) -> tuple:
-        s = self.session
-        # cache.pos too: a greedy /retry can give back the same tokens with a different pending tail;
-        # the archive too: a trim can leave the same tokens after dropping one more exchange
-        return (len(s.tokens), hash(tuple(s.tokens)), s.cache.pos, len(s.archive),
-                repr(dataclasses.asdict(s.settings)), self.title)
-
-    def commit(self, force: bool = False) -> Iterator[Event]:
-        """Store the chat if it changed (an empty new chat is not stored unless forced, and one
-        this window autosaved is deleted once /undo empties it)."""
-        if self.store is None or not (force or self.session.exchanges or self.chat_id is not None):
-            return
-        if self.store.read_only:
-            if self.unsaved() and not self.said_read_only:
-                self.said_read_only = True
-                yield self.read_only_notice()
-            return
-        # autosaved with messages, none left: emptied by /undo
-        if not force and self.ephemeral and self.expect and not self.session.turns:
-            yield from self.drop()
-            return
-        if not force and self.signature() == self.saved_sig:
-            return
-        try:
-            data = self.chat_data()
-            new = self.chat_id is None
-            try:
-                self.chat_id, self.created = self.store.save(data, self.expect), data.created
-            except ChatChanged as e:  # keep both: theirs as it is, ours as a new chat
-                old, title = self.chat_id, self.title
-                self.detach()
-                if not self.session.turns:  # ours is empty: nothing of ours to keep
-                    yield Info(f"{e}: it stays as that window left it", {"chat": old})
-                    return
-                new = True
-                self.title = f"{title} (2)" if title else None
-                data = self.chat_data()
-                self.chat_id, self.created = self.store.save(data), data.created
-                yield Info(f"{e}: this conversation continues as chat #{self.chat_id}",
-                           {"forked_from": old, "chat": self.chat_id})
-            self.expect = [(m.role, m.content) for m in data.messages]
-            self.saved_sig = self.signature()
-            self.last_error = ""
-            self.ephemeral = not force and (new or self.ephemeral)
-        except StoreError as e:  # said every time: each failure is a turn not on disk yet
-            self.last_error = f"chat not saved: {e}"
-            yield Error(f"{self.last_error}; it stays open and the next save will catch up")
-
-    def read_only_notice(self) -> Info:
-        assert self.store is not None
-        return Info(f"the chats store {self.store.path} is read-only: chats open and continue here, "
-                    "but nothing will be saved", {"read_only": True})
-
-    def drop(self) -> Iterator[Event]:
-        """Delete the stored chat every exchange of which was undone: an empty chat would linger in
-        the chats list. This window goes on as a new chat, stored with its next message."""
-        chat_id, expect = self.chat_id, self.expect
-        self.detach()  # whatever the store says, this window goes on as a new chat
-        try:
-            self.store.delete(chat_id, expect)
-        except ChatChanged as e:  # another window's turns are in it: theirs to keep
-            yield Info(f"{e}: it stays stored as that window left it", {"chat": chat_id})
-            return
-        except StoreError as e:  # it stays stored, empty
-            yield from self.report(f"empty chat #{chat_id} not deleted: {e}")
-            return
-        self.last_error = ""
-        yield Info(f"chat #{chat_id} is empty now, so it is no longer stored", {"deleted": chat_id})
-
-    def chat_data(self) -> ChatData:
-        s = self.session
-        ident = self.identity()
-        msgs = stored_messages(s)
-        self.title = self.title or default_title(s)
-        return ChatData(self.title, s.lm.name, ident.digest, self.tokenizer_fp(),
-                        dataclasses.asdict(s.settings), s.system, s.tokens[:s.prefix_len], s.cache.pos,
-                        msgs, self.chat_id, self.created)
-
-    def identity(self) -> ModelIdentity:
-        assert self.fingerprint is not None
-        return self.fingerprint.get()
-
-    def tokenizer_fp(self) -> str:
-        if self._tokenizer_fp is None:
-            self._tokenizer_fp = tokenizer_fingerprint(self.session.tok)
-        return self._tokenizer_fp
-
-    def report(self, message: str) -> Iterator[Event]:
-        if message != self.last_error:  # once per distinct failure, not after every turn
-            self.last_error = message
-            yield Error(message)
-
-    # --- the KV snapshot ----------------------------------------------------------
-    def write_snapshot(self) -> Iterator[Event]:
-        if self.store is None or self.store.read_only or self.chat_id is None or self.saved_sig != self.signature():
-            return  # the snapshot only ever follows a chat that SQLite holds
-        if self.writer is None:
-            self.writer = SnapshotWriter(self.store.snapshot_dir(self.chat_id), self.identity())
-        try:
-            synced = self.writer.sync(self.session.cache, self.session.tokens, self.clean_upto)
-            self.clean_upto = self.session.cache.pos
-            if synced.written:
-                self.store.prune_snapshots(keep=self.chat_id, budget_bytes=SNAPSHOT_BUDGET)
-        except (OSError, RuntimeError, ValueError, SafetensorError) as e:
-            self.writer.segments = None  # rescan next time: what is on disk is uncertain now
-            yield from self.report(f"KV snapshot not written: {describe(e)}; the chat is saved and will be "
-                                   "re-prefilled when reopened")
 
     # --- commands -----------------------------------------------------------------
     def save(self, title: str) -> Iterator[Event]:
@@ -305,13 +112,13 @@ class ChatKeeper(Keeper):
         (what --resume opens), takes this model's identity, and a re-prefilled cache gets its
         snapshot now rather than after the next turn."""
         assert self.store is not None
-        chat = self.store.get(chat_id)
-        if chat is None:
+        record = self.store.get(chat_id)
+        if record is None:
             raise StoreError(f"no stored chat {chat_id}")
         folder = self.store.snapshot_dir(chat_id)
         # the chat's own model (chatapp/keeper/chat_model.py), or None: this session serves
-        new, note = session_for(self.session, chat, self.model_loader())
-        restored = self._restore_into(new or self.session, chat_id, chat, folder)
+        new, note = session_for(self.session, record, self.model_loader())
+        restored = self._restore_into(new or self.session, chat_id, record, folder)
         if new is not None:
             self.adopt(new)
         self.restored = restored
@@ -319,13 +126,13 @@ class ChatKeeper(Keeper):
             detail = "; ".join(filter(None, (note, self.restored.detail)))
             self.restored = dataclasses.replace(self.restored, detail=detail)
         self.detach()
-        self.chat_id, self.title, self.created = chat_id, chat.title, chat.created
+        self.chat_id, self.title, self.created = chat_id, record.title, record.created
         # a damaged row's text may not read back as stored (bytes): nothing to compare a save with
-        self.expect = None if chat.damage else [(m.role, m.content) for m in chat.messages]
+        self.expect = None if record.damage else [(m.role, m.content) for m in record.messages]
         # past what the snapshot gave back, segments on disk are not trusted (one may be corrupt)
         self.clean_upto = self.restored.restored_tokens
         self.last_error = ""
-        if self.store.read_only or chat.damage:
+        if self.store.read_only or record.damage:
             # as stored: nothing to say until it changes (a damaged row is rewritten only by the user's next change)
             self.saved_sig = self.signature()
         return self.restored, [e for e in self.autosave() if isinstance(e, Error)]
@@ -333,15 +140,15 @@ class ChatKeeper(Keeper):
     def _where(self) -> str:
         return f"still in chat #{self.chat_id}" if self.chat_id is not None else "this chat is unchanged"
 
-    def _restore_into(self, session: Session, chat_id: int, chat: ChatData, folder) -> Restored:
-        """Restore `chat` into `session` as a transaction. This keeper's own session is restored
+    def _restore_into(self, session: Session, chat_id: int, record: ChatRecord, folder) -> Restored:
+        """Restore `record` into `session` as a transaction. This keeper's own session is restored
         in place, so a failure puts the chat it held back (chatapp/keeper/rollback.py); another
         session (the chat's own model) is only adopted on success, so a failure just drops it.
         The two differ because in place keeps the loaded model, its cache and CUDA graphs."""
         here = session is self.session
         checkpoint = (rollback.take(session), {f: getattr(self, f) for f in STORED_CHAT_FIELDS}) if here else None
         try:
-            return restore(session, chat, self.identity() if here else Fingerprint(session.lm).get(), folder)
+            return restore(session, record, self.identity() if here else Fingerprint(session.lm).get(), folder)
         except BaseException as e:
             if checkpoint is None:
                 drop(session)
@@ -359,10 +166,6 @@ class ChatKeeper(Keeper):
         folder = self.store.snapshot_dir(self.chat_id) if self.store is not None and self.chat_id is not None else None
         n = rollback.put_back(self.session, session_state, self.identity, folder)
         self.clean_upto = min(self.clean_upto, n)  # positions past n will be recomputed: not the snapshot's
-
-    def detach(self) -> None:
-        self.chat_id, self.title, self.writer, self.saved_sig = None, None, None, None
-        self.clean_upto, self.created, self.expect, self.ephemeral = 0, 0.0, None, False
 
     def export(self, dest: str) -> Iterator[Event]:
         s = self.session
@@ -386,7 +189,7 @@ class ChatKeeper(Keeper):
         if self.store is None or self.store.read_only:  # nowhere to keep the old continuation
             yield Branched(self.chat_id, None, "", n, text, 0)
         else:
-            yield keep_branch(self.store, self.chat_data(), self.clean_upto, n, text)
+            yield keep_branch(self.store, self.record(), self.clean_upto, n, text)
         self.ephemeral = False  # the branch's title names this chat: an /undo to empty must not delete it
         yield from self.track(rewind_and_send(self.session, n, text, new))
 

@@ -31,7 +31,7 @@ from chatapp.keeper.reopen import archived, rendered_conversation, stored_messag
 from chatapp.pull.fetch import DEFAULT as DEFAULT_MODEL
 from chatapp.pull.fetch import ensure_default_model
 from chatapp.pull.resolve import resolve
-from chatapp.store.database import ChatData
+from chatapp.store.records import ChatRecord
 from model.errors import UserError
 from model.loading import LoadedModel, LoadOptions, load_model
 
@@ -49,9 +49,9 @@ def one_line(e: BaseException) -> str:
     return text if isinstance(e, UserError) else f"{type(e).__name__}: {text}"
 
 
-def conversation_text(s: Session, system: str) -> ChatData:
+def conversation_text(s: Session, system: str) -> ChatRecord:
     """The chat as text for `rendered_conversation` / `archived`: what the store would hold."""
-    return ChatData("", s.lm.name, "", "", {}, system, [], 0, stored_messages(s))
+    return ChatRecord("", s.lm.name, "", "", {}, system, [], 0, stored_messages(s))
 
 
 def carried(old: Session, lm: LoadedModel, spec: str | None = None) -> tuple[Session, int]:

@@ -15,8 +15,9 @@ from chatapp.chat.events import CacheState, Error, Event, Info, Restored, Saved,
 from chatapp.chat.settings import Settings
 from chatapp.keeper.base import Keeper
 from chatapp.remote.session import RemoteExchange, RemoteSession
-from chatapp.store.database import ChatChanged, ChatData, ChatStore, StoredMessage, StoreError
+from chatapp.store.database import ChatStore
 from chatapp.store.export import ExportedChat, export
+from chatapp.store.records import ChatChanged, ChatRecord, StoredMessage, StoreError
 from model.errors import UserError
 
 NO_SERVER_SIDE = "the server decides the model: start another server, or leave out --backend"
@@ -58,13 +59,13 @@ class RemoteKeeper(Keeper):
             yield ev
             yield from errors
 
-    def chat_data(self) -> ChatData:
+    def record(self) -> ChatRecord:
         s = self.session
         msgs = [m for ex in s.exchanges for m in (StoredMessage("user", ex.user, []),
                                                   StoredMessage("assistant", ex.reply, []))]
         first = " ".join(s.exchanges[0].user.split()) if s.exchanges else "new chat"
         self.title = self.title or (first if len(first) <= 48 else first[:47] + "…")
-        return ChatData(self.title, s.lm.name, FINGERPRINT, FINGERPRINT, dataclasses.asdict(s.settings), s.system,
+        return ChatRecord(self.title, s.lm.name, FINGERPRINT, FINGERPRINT, dataclasses.asdict(s.settings), s.system,
                         [], 0, msgs, self.chat_id, self.created)
 
     def signature(self) -> tuple:
@@ -76,15 +77,15 @@ class RemoteKeeper(Keeper):
     def commit(self, force: bool = False) -> Iterator[Event]:
         if self.store is None or self.store.read_only or not (force or self.session.exchanges or self.chat_id):
             return
-        data = self.chat_data()
+        record = self.record()
         sig = self.signature()
         try:
             try:
-                self.chat_id = self.store.save(data)
+                self.chat_id = self.store.save(record)
             except ChatChanged:  # another window changed it: ours goes on as a new chat
                 self.chat_id = None
-                self.chat_id = self.store.save(dataclasses.replace(data, id=None))
-            self.created = self.created or data.created
+                self.chat_id = self.store.save(dataclasses.replace(record, id=None))
+            self.created = self.created or record.created
             self.saved_sig, self.last_error = sig, ""
         except StoreError as e:
             self.last_error = str(e)
@@ -106,21 +107,21 @@ class RemoteKeeper(Keeper):
             raise UserError(f"/load: chats are not stored in this session ({self.why_no_store})")
         try:
             chat_id = parse_chat_id(arg) if arg else self.store.latest_id(exclude=self.chat_id)
-            chat = self.store.get(chat_id) if chat_id is not None else None
+            record = self.store.get(chat_id) if chat_id is not None else None
         except ValueError:
             raise UserError(f"/load: a chat id is a number, got {arg!r}") from None
         except StoreError as e:
             raise UserError(f"/load: {e}") from None
-        if chat is None:
+        if record is None:
             raise UserError("/load: no other stored chat" if not arg else f"/load: no stored chat {arg}")
         yield from self.commit()
         s = self.session
-        users, replies = chat.messages[0::2], chat.messages[1::2]
+        users, replies = record.messages[0::2], record.messages[1::2]
         s.exchanges = [RemoteExchange(u.content, a.content) for u, a in zip(users, replies, strict=False)]
         s.history, s.last = [], None
-        s.settings = Settings(**{**dataclasses.asdict(Settings()), **chat.settings, "system": chat.system or None})
-        self.chat_id, self.title, self.created = chat.id, chat.title, chat.created
-        self.restored = Restored(chat.id, chat.title, 0, 0, 0, len(chat.messages), 0, s.context,
+        s.settings = Settings(**{**dataclasses.asdict(Settings()), **record.settings, "system": record.system or None})
+        self.chat_id, self.title, self.created = record.id, record.title, record.created
+        self.restored = Restored(record.id, record.title, 0, 0, 0, len(record.messages), 0, s.context,
                                  "the server prefills it with the next message")
         yield self.restored
 
