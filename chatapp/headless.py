@@ -1,5 +1,8 @@
 """Headless mode: stdin lines (or JSON objects) in, one JSON object per line out.
 
+It talks to any keeper (chatapp/keeper/base.py): the in-process one, or --backend's, which must
+not import torch, so nothing here does.
+
 stdout carries only JSON events; logs go to stderr. Bad input becomes an error event and
 the loop goes on with the next line, so a script never loses its conversation.
 """
@@ -13,8 +16,8 @@ from typing import BinaryIO, TextIO
 
 from chatapp.chat.commands import Command, is_text, parse_command, parse_input
 from chatapp.chat.events import Error, Event, Prefilling, Quit, TextDelta, to_json
+from chatapp.keeper.base import Keeper
 from chatapp.keeper.final_save import final_save
-from chatapp.keeper.keeper import ChatKeeper
 from model.errors import UserError
 
 
@@ -62,7 +65,7 @@ def emit(ev: Event, out: TextIO) -> None:
     out.flush()
 
 
-def run_headless(keeper: ChatKeeper, stream: BinaryIO, jsonl: bool = False, out: TextIO = sys.stdout) -> int:
+def run_headless(keeper: Keeper, stream: BinaryIO, jsonl: bool = False, out: TextIO = sys.stdout) -> int:
     """Feed each input line to the chat (which stores it as it goes, if it has a store)."""
     emit_ready(keeper, out)
     for item in read_inputs(stream, jsonl):
@@ -81,7 +84,7 @@ def run_headless(keeper: ChatKeeper, stream: BinaryIO, jsonl: bool = False, out:
     return farewell(keeper, out)
 
 
-def farewell(keeper: ChatKeeper, out: TextIO) -> int:
+def farewell(keeper: Keeper, out: TextIO) -> int:
     """The last save before the process goes; 1, with one error line, if turns are not on disk."""
     if line := final_save(keeper):
         emit(Error(line), out)
@@ -89,6 +92,6 @@ def farewell(keeper: ChatKeeper, out: TextIO) -> int:
     return 0
 
 
-def emit_ready(keeper: ChatKeeper, out: TextIO) -> None:
+def emit_ready(keeper: Keeper, out: TextIO) -> None:
     out.write(json.dumps({"event": "ready", **keeper.session.stats(), **keeper.ready_fields()}) + "\n")
     out.flush()

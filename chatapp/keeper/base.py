@@ -48,6 +48,10 @@ class Keeper(ABC):
     def export(self, dest: str) -> Iterator[Event]:
         """`/export [PATH]`: the chat as Markdown."""
 
+    @abstractmethod
+    def ready_fields(self) -> dict:
+        """Headless mode's `ready` line: the store and the chat this window opened with."""
+
     def after_command(self) -> Iterator[Event]:
         """After a session command's events: ChatKeeper brings its KV snapshot up to date."""
         return iter(())
