@@ -15,6 +15,6 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   fi
 fi
 if [ "${1:-}" = "test" ]; then "${pip[@]}" -e ".[test]"; else "${pip[@]}" -e .; fi
-# The CPU decode kernels (model/kernels/cpu/qdecode.c) need a C compiler; without one the app
+# The CPU decode kernels (model/cpu/qdecode.c) need a C compiler; without one the app
 # still runs, dequantized to fp32, and this prints why.
-.venv/bin/python -m model.kernels.cpu.native
+.venv/bin/python -m model.cpu.native

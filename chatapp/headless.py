@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import BinaryIO, TextIO
 
 from chatapp.chat.commands import Command, is_text, parse_command, parse_input
-from chatapp.chat.events import Error, Event, Prefilling, Quit, TextDelta, to_json
+from chatapp.chat.events import Error, Event, Prefilling, Progress, Quit, Ready, TextDelta, to_json
 from chatapp.keeper.base import Keeper
 from chatapp.keeper.final_save import final_save
 from model.errors import UserError
@@ -67,7 +67,7 @@ def emit(ev: Event, out: TextIO) -> None:
 
 def run_headless(keeper: Keeper, stream: BinaryIO, jsonl: bool = False, out: TextIO = sys.stdout) -> int:
     """Feed each input line to the chat (which stores it as it goes, if it has a store)."""
-    emit_ready(keeper, out)
+    emit(Ready(keeper.session.stats(), keeper.ready_fields()), out)
     for item in read_inputs(stream, jsonl):
         if isinstance(item, Error):
             emit(item, out)
@@ -75,8 +75,8 @@ def run_headless(keeper: Keeper, stream: BinaryIO, jsonl: bool = False, out: Tex
         events = keeper.run(item) if isinstance(item, Command) else keeper.send(item)
         for ev in events:
             match ev:
-                case TextDelta() | Prefilling():
-                    continue  # the turn event carries the whole reply; the trim event the re-prefill's figures
+                case TextDelta() | Prefilling() | Progress():
+                    continue  # the turn event carries the whole reply and its figures; the trim event the re-prefill's
                 case Quit():
                     return farewell(keeper, out)
                 case _:
@@ -90,8 +90,3 @@ def farewell(keeper: Keeper, out: TextIO) -> int:
         emit(Error(line), out)
         return 1
     return 0
-
-
-def emit_ready(keeper: Keeper, out: TextIO) -> None:
-    out.write(json.dumps({"event": "ready", **keeper.session.stats(), **keeper.ready_fields()}) + "\n")
-    out.flush()

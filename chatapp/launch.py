@@ -29,11 +29,11 @@ from chatapp.pull.resolve import resolve
 from chatapp.store.database import ChatStore, data_home
 from chatapp.store.records import StoreError
 from kvcache.attention import available_backends
+from model.cpu import native
+from model.cpu.threads import use_threads
 from model.errors import UserError
-from model.kernels.cpu import native
 from model.limits import cache_room, fitting_context
 from model.loading import LoadOptions, load_model
-from model.threads import use_threads
 
 Warn = Callable[[str], object]
 

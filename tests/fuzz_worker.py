@@ -37,7 +37,7 @@ def run(req: dict, ctx: dict) -> str:
             hf_config(g, "fuzz")
             tokenizer_files(g)
         elif kind == "tokenizer":
-            from model.bpe import tokenizer_from_json
+            from model.tokenizers.bpe import tokenizer_from_json
 
             try:
                 tokenizer_from_json(path, {}).encode("hello <|im_end|> world")

@@ -14,7 +14,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter, quants
 
-from model.spm_gguf import tokenizer_json_from_gguf
+from model.tokenizers.spm_gguf import tokenizer_json_from_gguf
 
 TEMPLATE = (Path(__file__).parent / "data" / "chat_templates" / "google-gemma-3-it.jinja").read_text(encoding="utf-8")
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]

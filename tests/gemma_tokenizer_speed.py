@@ -4,7 +4,7 @@ import sys
 import time
 from pathlib import Path
 
-from model.spm import spm_from_json
+from model.tokenizers.spm import spm_from_json
 
 path = Path(sys.argv[1])
 text = path.read_text()

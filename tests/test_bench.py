@@ -10,8 +10,8 @@ import pytest
 
 from chatapp.bench.main import main
 from chatapp.bench.peer import hf_static_decode
-from model.generate import Generator
-from model.sampling import SamplingConfig
+from model.decode.generate import Generator
+from model.decode.sampling import SamplingConfig
 
 
 def test_bench_prints_table_then_one_json_line(capsys):

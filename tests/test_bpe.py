@@ -1,4 +1,4 @@
-"""model.bpe against the Hugging Face `tokenizers` library, on vocabularies trained here.
+"""model.tokenizers.bpe against the Hugging Face `tokenizers` library, on vocabularies trained here.
 
 The real SmolLM2 vocabulary is checked in test_default_model.py (it needs the pull); these
 tests train small byte-level BPE tokenizers with the same pre-tokenizers and compare ids.
@@ -14,14 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
-from model.bpe import (
+from model.errors import ModelLoadError
+from model.tokenizers.bpe import (
     BPETokenizer,
     tokenizer_from_json,
     tokenizer_json,
     vocab_from_gguf,
     vocab_from_tokenizer_json,
 )
-from model.errors import ModelLoadError
 
 CORPUS = Path(__file__).parent / "data" / "tokenizer_corpus.jsonl"
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -192,7 +192,7 @@ def test_gguf_metadata_gives_the_same_tokenizer_and_json_round_trips(tmp_path):
     meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm", "tokenizer.ggml.tokens": v.tokens,
             "tokenizer.ggml.merges": [f"{a} {b}" for a, b in v.merges],
             "tokenizer.ggml.token_type": [3 if i in v.special.values() else 1 for i in range(len(v.tokens))]}
-    from model.bpe import make_tokenizer
+    from model.tokenizers.bpe import make_tokenizer
     from_gguf = make_tokenizer(vocab_from_gguf(meta, "x.gguf"), None, "<|im_end|>")
     written = as_text_only(Tokenizer.from_str(json.dumps(tokenizer_json(vocab_from_gguf(meta, "x.gguf"), "smollm"))))
     for text in corpus():

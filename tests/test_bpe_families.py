@@ -23,11 +23,17 @@ from hypothesis import strategies as st
 from test_bpe import LLAMA3_SPLIT, corpus
 from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from model.bpe import BPETokenizer, make_tokenizer, tokenizer_from_json, vocab_from_gguf, vocab_from_tokenizer_json
 from model.errors import ModelLoadError
 from model.loading.gguf_meta import open_gguf, tokenizer_files
-from model.pretokenizers import SMOLLM_PATTERN
-from model.tokenizer import GPT2_PATTERN
+from model.tokenizers.bpe import (
+    BPETokenizer,
+    make_tokenizer,
+    tokenizer_from_json,
+    vocab_from_gguf,
+    vocab_from_tokenizer_json,
+)
+from model.tokenizers.pretokenizers import SMOLLM_PATTERN
+from model.tokenizers.tokenizer import GPT2_PATTERN
 
 # Verbatim from Qwen2.5's / Qwen3's tokenizer.json (Llama 3's is in test_bpe.py).
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"

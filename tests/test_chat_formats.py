@@ -14,12 +14,12 @@ from test_bpe import LLAMA3_SPLIT, corpus
 from tokenizers import Regex, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
-from model.bpe import tokenizer_from_json
 from model.chat_formats.jinja_env import render
 from model.chat_formats.recognize import marker, template_for
+from model.chat_formats.templates import ChatML, Llama3, Qwen3, strftime_now
 from model.chat_formats.whole import PLAIN_CHAT, TemplateFormat
-from model.templates import ChatML, Llama3, Qwen3, strftime_now
-from model.tokenizer import Tokenizer
+from model.tokenizers.bpe import tokenizer_from_json
+from model.tokenizers.tokenizer import Tokenizer
 
 reference = pytest.importorskip("transformers.utils.chat_template_utils").render_jinja_template
 

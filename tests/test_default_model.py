@@ -196,7 +196,7 @@ def test_quantized_path_matches_the_fp32_reference_on_ordinary_text(pulled):
     """Issue 13's quality bar on the real model: over 512 teacher-forced tokens, the quantized
     C step (the CPU default) picks the fp32-dequantized reference's greedy token at >= 99% of
     positions, and its perplexity is within 1%."""
-    from model.kernels.cpu.step import CpuStep
+    from model.cpu.step import CpuStep
     from model.loading import LoadOptions
 
     q = load_model(str(pulled.model_dir), LoadOptions(quantized=True))

@@ -1,15 +1,15 @@
-"""The family registry (model/families.py): one entry a family, read by the decode step and the identity."""
+"""The family registry (model/families/registry.py): one entry a family, read by the decode step and the identity."""
 
 import types
 from pathlib import Path
 
 import torch
 
-from model.families import FAMILIES, backend_family, family_of, for_architectures
-from model.graph_config import GraphConfig
-from model.graphs import build_step
-from model.kernels.nanochat_step import NanochatTorchStep
-from model.kernels.torch_step import LlamaTorchStep
+from model.decode.graph_config import GraphConfig
+from model.decode.graphs import build_step
+from model.decode.llama_torch import LlamaTorchStep
+from model.decode.nanochat_torch import NanochatTorchStep
+from model.families.registry import FAMILIES, backend_family, family_of, for_architectures
 from model.loading import LoadOptions, load_model
 
 FIX = Path(__file__).parent / "fixtures" / "nanochat"

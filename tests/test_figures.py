@@ -59,7 +59,7 @@ async def test_one_tab_reaches_the_transcript_and_the_footer_names_its_keys():
 def test_the_weights_format_of_a_quantized_model_fits_its_row():
     """The default model's layout (Q4_1 GGUF kept as blocks: 4-bit layers, an 8-bit embedding)."""
     from chatapp.chat.figures import weights_format
-    from model.quant.qlinear import QLinear
+    from model.cpu.qlinear import QLinear
 
     class Fake(torch.nn.Module):
         def __init__(self):

@@ -18,9 +18,9 @@ from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.keeper.keeper import ChatKeeper
 from kvcache import KVCache
+from model.decode.gemma_torch import GemmaTorchStep
 from model.errors import ModelLoadError
-from model.gemma import SLIDING
-from model.kernels.gemma_step import GemmaTorchStep
+from model.families.gemma import SLIDING
 from model.loading import load_model
 
 transformers = pytest.importorskip("transformers")

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from model.bpe import tokenizer_from_json
 from model.errors import ModelLoadError
 from model.limits import fitting_context
 from model.loading import load_model
+from model.tokenizers.bpe import tokenizer_from_json
 
 
 def s(text: str) -> bytes:

@@ -1,9 +1,9 @@
-"""The one rotary convention (model/layers.py) gives each family its checkpoints' rotation, bit for bit."""
+"""The one rotary convention (model/families/layers.py) gives each family its checkpoints' rotation, bit for bit."""
 
 import pytest
 import torch
 
-from model.layers import apply_rotary, rotary_tables
+from model.families.layers import apply_rotary, rotary_tables
 
 
 def halves(x: torch.Tensor):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kvcache import Attention
-from model.llama import Llama, LlamaConfig
+from model.families.llama import Llama, LlamaConfig
 
 CFG = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
            num_attention_heads=8, num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from llama_vocab import NAMES, cases, vocab_dir
 
-from model.bpe import tokenizer_from_json
 from model.loading.gguf_fast import FastReader
 from model.loading.gguf_meta import GGUFFile, tokenizer_files
+from model.tokenizers.bpe import tokenizer_from_json
 
 pytestmark = pytest.mark.slow   # a one-time 77 MB fetch, then about a second a vocabulary
 
@@ -124,7 +124,7 @@ def test_llama3_on_tiktoken_equals_tokenizers_on_its_merge_list(folder, tmp_path
 
 
 def test_llama2_on_tiktoken_equals_tokenizers(folder, tmp_path_factory):
-    """Llama 2's SentencePiece vocabulary encodes on tiktoken (model/spm_fast.py): the corpus and
+    """Llama 2's SentencePiece vocabulary encodes on tiktoken (model/tokenizers/spm_fast.py): the corpus and
     random text with unknown characters, spaces and ▁ give `tokenizers`' ids for the same file."""
     import random
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from model.families.nanochat import TOKENS_STATE
+from model.families.nanochat_config import NanochatConfig
 from model.loading import LoadOptions, load_model
-from model.nanochat import TOKENS_STATE
-from model.nanochat_config import NanochatConfig
 
 FIX = Path(__file__).parent / "fixtures" / "nanochat"
 TOKENIZER = FIX / "tokenizer" / "tokenizer.pkl"

@@ -19,14 +19,14 @@ from test_gguf import K_BLOCKS, MIXED, random_k_quant, write_gguf
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.keeper.keeper import ChatKeeper
+from model.cpu import native
+from model.cpu.blocks import BLOCK_TYPES, dequantize, repack
+from model.cpu.qlinear import QLinear
+from model.cpu.step import CpuStep
+from model.decode.generate import Generator
 from model.errors import ModelLoadError
-from model.generate import Generator
-from model.kernels.cpu import native
-from model.kernels.cpu.step import CpuStep
 from model.loading import LoadOptions, load_model
 from model.loading.gguf import converted_dir
-from model.quant.blocks import BLOCK_TYPES, dequantize, repack
-from model.quant.qlinear import QLinear
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"CPU kernels unavailable: {native.why_not()}")
 ROWS, COLS = 24, 512
@@ -74,9 +74,10 @@ def test_repacked_weights_equal_gguf_dequantization_bit_for_bit(kind, portable):
 
 
 def int16_reference(w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """W x with x rounded to int16 per 32 as the kernels do, in float64."""
+    """W x with x rounded to int16 per 32 as the kernels do (to +-32639, which splits into two
+    signed bytes), in float64."""
     xb = x.reshape(-1, 32).astype(np.float32)
-    d = np.abs(xb).max(axis=1, keepdims=True) / np.float32(32767)
+    d = np.abs(xb).max(axis=1, keepdims=True) / np.float32(32639)
     q = np.rint(xb / np.where(d > 0, d, 1)) * (d > 0)
     return w.astype(np.float64) @ (q * d).reshape(-1).astype(np.float64)
 

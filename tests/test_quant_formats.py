@@ -1,5 +1,5 @@
-"""The GGUF types kept as the file's own bytes (model/quant/file_blocks.py, kernels in
-model/kernels/cpu/qformats.h): Q5_0, Q6_K, Q2_K, Q3_K, IQ4_NL and IQ4_XS. Every kernel, AVX2
+"""The GGUF types kept as the file's own bytes (model/cpu/file_blocks.py, kernels in
+model/cpu/qformats.h): Q5_0, Q6_K, Q2_K, Q3_K, IQ4_NL and IQ4_XS. Every kernel, AVX2
 and portable, equals the gguf package's dequantization followed by an exact reference: the
 dequantized rows bit for bit, the GEMV within float rounding of a float64 product with the
 int16 activations the kernels use. Blocks come from three sources: every bit pattern (random
@@ -17,9 +17,9 @@ from gguf import GGML_QUANT_SIZES, GGUFReader, quants
 from gguf import GGMLQuantizationType as Q
 from test_quant import bits, int16_reference
 
-from model.kernels.cpu import native
-from model.quant.file_blocks import FILE_TYPES, as_rows
-from model.quant.qlinear import QLinear
+from model.cpu import native
+from model.cpu.file_blocks import FILE_TYPES, as_rows
+from model.cpu.qlinear import QLinear
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"CPU kernels unavailable: {native.why_not()}")
 ROWS, COLS = 7, 512   # an odd row: the AVX2 build takes rows two at a time
@@ -33,6 +33,15 @@ SCALES_AT = {"Q5_0": (0,), "IQ4_NL": (0,), "IQ4_XS": (0,), "Q6_K": (208,), "Q2_K
 def portable():
     lib = native.build(["-O3", "-fopenmp"])
     assert lib is not None and lib.qd_simd() == 0
+    return lib
+
+
+@pytest.fixture(scope="module")
+def avx2_only():
+    """The AVX2 kernels without VNNI or AVX-512 (what a CPU before them runs): this machine's
+    native build takes the VNNI byte kernels instead, so both are checked."""
+    lib = native.build(["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread"])
+    assert lib is not None and lib.qd_simd() == 1
     return lib
 
 
@@ -82,7 +91,7 @@ def test_dequantized_rows_equal_gguf_bit_for_bit(kind, portable):
         want = quants.dequantize(raw, Q[kind]).reshape(raw.shape[0], cols).astype(np.float32)
         assert np.isfinite(want).all()
         assert ql.in_features == cols and ql.out_features == raw.shape[0]
-        for lib in (native.library(), portable):
+        for lib in (native.library(), avx2_only, portable):
             out = torch.empty(raw.shape[0], cols)
             lib.qd_dequant(ql.qw(), out.data_ptr(), 2)
             assert np.array_equal(bits(out.numpy()), bits(want)), (where, lib.qd_simd())
@@ -91,7 +100,7 @@ def test_dequantized_rows_equal_gguf_bit_for_bit(kind, portable):
 
 
 @pytest.mark.parametrize("kind", FILE_TYPES)
-def test_gemv_equals_the_int16_reference(kind, portable):
+def test_gemv_equals_the_int16_reference(kind, portable, avx2_only):
     rng = np.random.default_rng(7)
     for where, raw, cols in sources(kind):
         ql = file_linear(kind, raw, cols)
@@ -99,7 +108,7 @@ def test_gemv_equals_the_int16_reference(kind, portable):
         x = rng.normal(0, 1, cols).astype(np.float32)
         x[5] = 30.0   # an outlier channel, as real hidden states have
         want = int16_reference(w, x)
-        for lib in (native.library(), portable):
+        for lib in (native.library(), avx2_only, portable):
             y = torch.empty(raw.shape[0])
             lib.qd_gemv(ql.qw(), torch.from_numpy(x).data_ptr(), y.data_ptr(), 2)
             # float32 sums of exact integer block products: within float rounding of float64
@@ -135,7 +144,7 @@ def test_types_without_a_kernel_run_dequantized_with_a_note(tmp_path, home):
 
     from test_gguf import write_gguf
 
-    from model.kernels.cpu.step import CpuStep
+    from model.cpu.step import CpuStep
     from model.loading import LoadOptions, load_model
 
     path = tmp_path / "iq.gguf"

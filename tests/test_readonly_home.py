@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from model.kernels.cpu import native
+from model.cpu import native
 from tests.test_readonly_store import as_other_user
 
-PROBE = ("from model.kernels.cpu import native; lib = native.library(); "
+PROBE = ("from model.cpu import native; lib = native.library(); "
          "print('built' if lib else 'none: ' + native.why_not())")
 
 

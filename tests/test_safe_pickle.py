@@ -7,7 +7,7 @@ import pytest
 import tiktoken
 
 from model.errors import ModelLoadError
-from model.safe_pickle import load_encoding, loads_encoding
+from model.tokenizers.safe_pickle import load_encoding, loads_encoding
 
 REAL = Path(__file__).parent / "fixtures" / "nanochat" / "tokenizer" / "tokenizer.pkl"
 

@@ -1,10 +1,10 @@
 """Sampling: greedy, top-k and top-p keep exactly the tokens they should, and the host and the
-device samplers (model/sampling.py) draw the same tokens from the same seed."""
+device samplers (model/decode/sampling.py) draw the same tokens from the same seed."""
 
 import pytest
 import torch
 
-from model.sampling import MIN_TOP_P, DeviceSampler, SamplingConfig, sample_token
+from model.decode.sampling import MIN_TOP_P, DeviceSampler, SamplingConfig, sample_token
 
 
 def draws(logits, cfg, n=400):

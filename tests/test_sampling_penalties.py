@@ -1,4 +1,4 @@
-"""min_p and the repetition, presence and frequency penalties (model/sampling.py): their maths
+"""min_p and the repetition, presence and frequency penalties (model/decode/sampling.py): their maths
 against Hugging Face's logits processors and OpenAI's published formula, the host and the
 device samplers drawing the same tokens with them, and the generator counting exactly the
 reply's last `repeat_last_n` tokens."""
@@ -7,9 +7,8 @@ import pytest
 import torch
 from transformers.generation.logits_process import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor
 
-from model.generate import Generator
-from model.loading import load_model
-from model.sampling import (
+from model.decode.generate import Generator
+from model.decode.sampling import (
     DeviceSampler,
     SamplingConfig,
     penalize,
@@ -18,6 +17,7 @@ from model.sampling import (
     settings,
     token_counts,
 )
+from model.loading import load_model
 
 V = 500
 

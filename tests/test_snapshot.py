@@ -17,7 +17,7 @@ from chatapp.chat.settings import Settings
 from chatapp.keeper.keeper import ChatKeeper
 from chatapp.store.database import ChatStore
 from chatapp.store.snapshots import MAX_SEGMENTS
-from model.llama import LlamaConfig
+from model.families.llama import LlamaConfig
 from model.loading import LoadedModel, LoadOptions, load_model
 from model.loading.random import PRESETS, random_llama
 from tests.test_session import assert_invariant, assert_transcript

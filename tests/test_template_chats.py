@@ -25,9 +25,9 @@ from chatapp.chat.events import Trimmed, TurnStats
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.keeper.keeper import ChatKeeper
+from model.chat_formats.templates import ChatML, Llama3, Qwen3
 from model.chat_formats.whole import TemplateFormat
 from model.loading import load_model
-from model.templates import ChatML, Llama3, Qwen3
 
 pytestmark = pytest.mark.slow   # llama.cpp's vocab files come once through the package index
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
@@ -129,7 +129,7 @@ def test_a_whole_template_over_retry_undo_edit_and_trim(models):
         turn_of(events)
         assert_invariant(s)
         assert s.cache.pos <= s.cache.capacity
-    assert trims and s.archive
+    assert trims and s.trimmed
 
 
 def test_headless_two_turns_on_mistrals_template(models, home):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from chatapp.options import chat_parser
-from model.threads import available_cpus, quota_cpus, use_threads
+from model.cpu.threads import available_cpus, quota_cpus, use_threads
 
 
 def test_a_cgroup_quota_caps_the_count(tmp_path):

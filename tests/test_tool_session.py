@@ -18,12 +18,12 @@ from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.keeper.keeper import ChatKeeper
 from kvcache import Attention
+from model.chat_formats.templates import NanochatFormat
+from model.families.nanochat import Nanochat
+from model.families.nanochat_config import NanochatConfig
 from model.loading import LoadedModel
-from model.nanochat import Nanochat
-from model.nanochat_config import NanochatConfig
-from model.safe_pickle import load_encoding
-from model.templates import NanochatFormat
-from model.tokenizer import Tokenizer
+from model.tokenizers.safe_pickle import load_encoding
+from model.tokenizers.tokenizer import Tokenizer
 
 TOKENIZER = Path(__file__).parent / "fixtures" / "nanochat" / "tokenizer" / "tokenizer.pkl"
 

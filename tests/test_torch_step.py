@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.kernels.nanochat_step import NanochatTorchStep
-from model.kernels.torch_step import LlamaTorchStep
-from model.llama import LlamaConfig
+from model.decode.llama_torch import LlamaTorchStep
+from model.decode.nanochat_torch import NanochatTorchStep
+from model.families.llama import LlamaConfig
 from model.loading import LoadOptions, load_model
 from model.loading.random import PRESETS, random_llama
 

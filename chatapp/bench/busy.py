@@ -56,7 +56,7 @@ def ours_with(lm, threads: int, pp: int, tg: int, reps: int) -> dict:
     its thread count when it is built)."""
     from chatapp.bench.cpu import prefill_rate
     from chatapp.bench.decode import decode_at
-    from model.generate import Generator
+    from model.decode.generate import Generator
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

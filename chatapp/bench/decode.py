@@ -12,8 +12,8 @@ import time
 import torch
 
 from kvcache import KVCache
-from model.generate import Generator
-from model.sampling import SamplingConfig
+from model.decode.generate import Generator
+from model.decode.sampling import SamplingConfig
 
 
 def is_linear_like(mod: torch.nn.Module) -> bool:

@@ -28,10 +28,10 @@ from chatapp.bench.resume import bench_resume
 from chatapp.bench.tokenize import print_tokenizer_speed, tokenizer_speed
 from chatapp.bench.turns import multiturn, script_tokens
 from chatapp.launch import check_device
+from model.cpu import native
+from model.decode.generate import Generator
+from model.decode.graph_config import GraphConfig
 from model.errors import UserError
-from model.generate import Generator
-from model.graph_config import GraphConfig
-from model.kernels.cpu import native
 from model.loading import LoadOptions
 
 GPU_MODELS = "default,random:d20,random:d32,random-nanochat:d20"

@@ -8,9 +8,9 @@ import torch
 
 from chatapp.pull.fetch import default_model_dir, is_installed
 from kvcache import Attention
+from model.families.nanochat import Nanochat
+from model.families.nanochat_config import LATEST, NanochatConfig
 from model.loading import LoadedModel, LoadOptions, load_model
-from model.nanochat import Nanochat
-from model.nanochat_config import LATEST, NanochatConfig
 
 # nanochat's d20 shape, random weights, the newest generation's architecture.
 NANOCHAT_SHAPES = {"d20": dict(n_layer=20, n_head=10, n_kv_head=10, n_embd=1280),

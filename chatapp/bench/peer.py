@@ -10,8 +10,8 @@ import time
 
 import torch
 
-from model.gemma import SLIDING, Gemma
-from model.llama import Llama
+from model.families.gemma import SLIDING, Gemma
+from model.families.llama import Llama
 
 
 def gemma_hf_config(model: Gemma):

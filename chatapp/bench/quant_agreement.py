@@ -21,7 +21,7 @@ TEXT = Path(__file__).resolve().parents[2] / "tests" / "data" / "ordinary_text.t
 
 
 def agreement(path: Path, tokens: int = 512) -> dict:
-    from model.kernels.cpu.step import CpuStep
+    from model.cpu.step import CpuStep
     from model.loading import LoadOptions, load_model
 
     q = load_model(str(path), LoadOptions(quantized=True))

@@ -2,7 +2,7 @@
 
 DIR holds GGUF vocabularies (llama.cpp's models/ggml-vocab-*.gguf: tests/llama_vocab.py caches
 them in ~/.cache/nanochat-tui-tests/llama-vocab-0.3.36). Each is built the way the app builds a
-GGUF's tokenizer (the canonical tokenizer.json, then model/bpe.py or model/spm.py) and encodes
+GGUF's tokenizer (the canonical tokenizer.json, then model/tokenizers/bpe.py or model/tokenizers/spm.py) and encodes
 the same text as user messages of about 2 KB and as one 256 KB paste. The `tokenizers` library
 on the same tokenizer.json is the peer, timed in the same run (the ratio is what carries over;
 absolute MB/s on a shared machine do not).
@@ -42,9 +42,9 @@ def build(vocab: Path, tmp: Path):
     """(our tokenizer, the `tokenizers` peer) for one GGUF vocabulary."""
     from tokenizers import Tokenizer as HFTokenizer
 
-    from model.bpe import tokenizer_from_json
     from model.loading.gguf_fast import FastReader
     from model.loading.gguf_meta import GGUFFile, tokenizer_files
+    from model.tokenizers.bpe import tokenizer_from_json
 
     reader = FastReader(vocab)
     tok_json, config = tokenizer_files(GGUFFile(vocab, reader, reader.values))

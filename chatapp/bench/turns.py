@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from model.generate import Generator
+from model.decode.generate import Generator
+from model.decode.sampling import SamplingConfig
 from model.loading import LoadedModel
-from model.sampling import SamplingConfig
 
 TOPICS = ["the water cycle", "binary search", "how vaccines work", "the French revolution", "photosynthesis",
           "TCP handshakes", "compound interest", "black holes", "sourdough bread", "the Pythagorean theorem",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import weakref
 
-BLOCK_NAMES = {"q4": "4-bit", "q8": "8-bit"}   # model/quant's two layouts
+BLOCK_NAMES = {"q4": "4-bit", "q8": "8-bit"}   # model/cpu's two layouts
 _formats: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 

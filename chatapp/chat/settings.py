@@ -17,7 +17,7 @@ class Settings:
     top_k: int = 0
     top_p: float = 0.9
     seed: int | None = None
-    min_p: float = 0.0               # 0 = off (model/sampling.py)
+    min_p: float = 0.0               # 0 = off (model/decode/sampling.py)
     repetition_penalty: float = 1.0  # 1 = off; the penalties count the reply's last repeat_last_n tokens
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -32,7 +32,7 @@ class Settings:
         return {k: getattr(self, k) for k in SETTINGS}
 
     def sampler_values(self) -> dict:
-        """The keyword arguments of model.sampling.SamplingConfig (kept torch-free here)."""
+        """The keyword arguments of model.decode.sampling.SamplingConfig (kept torch-free here)."""
         return {k: getattr(self, k) for k in SAMPLER}
 
 

@@ -171,7 +171,7 @@ class ChatKeeper(SavingKeeper):
         s = self.session
         t = ExportedChat(self.title or default_title(s), s.lm.name, s.system,
                        [(ex.user, *s.template.split_thinking(ex.reply)[::-1], ex.tool_calls)
-                        for ex in s.archive + s.exchanges], self.chat_id,
+                        for ex in s.trimmed + s.exchanges], self.chat_id,
                        self.created or None)
         try:
             path = export(t, dest)

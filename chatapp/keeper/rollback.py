@@ -8,7 +8,7 @@ save would write the other chat's messages under the old chat's id (issue 27). S
 takes a `Checkpoint` of the session first (and keeps its own fields that name the stored chat),
 and puts both back on any failure.
 
-What comes back here: the token list, exchanges, archive, turn figures and settings of the
+What comes back here: the token list, exchanges, trimmed exchanges, turn figures and settings of the
 session. The cache's K/V were overwritten by the failed refill; they come back from the old
 chat's own KV snapshot where it covers them, and the rest is left pending (the invariant holds:
 the next turn prefills it).
@@ -31,8 +31,8 @@ from chatapp.store.identity import ModelIdentity
 class Checkpoint:
     tokens: list[int]
     exchanges: list[Exchange]
-    archive: list[Exchange]
-    history: list
+    trimmed: list[Exchange]
+    turn_stats: list
     settings: Any
     cache_pos: int
 
@@ -42,7 +42,7 @@ def copy_exchanges(exchanges: list[Exchange]) -> list[Exchange]:
 
 
 def take(s: Session) -> Checkpoint:
-    return Checkpoint(list(s.tokens), copy_exchanges(s.exchanges), copy_exchanges(s.archive), list(s.history),
+    return Checkpoint(list(s.tokens), copy_exchanges(s.exchanges), copy_exchanges(s.trimmed), list(s.turn_stats),
                       dataclasses.replace(s.settings), s.cache.pos)
 
 
@@ -51,8 +51,8 @@ def put_back(s: Session, cp: Checkpoint, identity: Callable[[], ModelIdentity], 
     chat's snapshot in `folder` (None: it has none); the rest of its tokens are pending."""
     s.cache.reset()
     s.gen.forget()
-    s.tokens, s.exchanges, s.archive = cp.tokens, cp.exchanges, cp.archive
-    s.history, s.settings = cp.history, cp.settings
+    s.tokens, s.exchanges, s.trimmed = cp.tokens, cp.exchanges, cp.trimmed
+    s.turn_stats, s.settings = cp.turn_stats, cp.settings
     n = 0
     if folder is not None and cp.cache_pos:
         try:

@@ -103,8 +103,8 @@ class SavingKeeper(Keeper):
     def signature(self) -> tuple:
         s = self.session
         # cache.pos too: a greedy /retry can give back the same tokens with a different pending tail;
-        # the archive too: a trim can leave the same tokens after dropping one more exchange
-        return (len(s.tokens), hash(tuple(s.tokens)), s.cache.pos, len(s.archive),
+        # the trimmed ones too: a trim can leave the same tokens after dropping one more exchange
+        return (len(s.tokens), hash(tuple(s.tokens)), s.cache.pos, len(s.trimmed),
                 repr(dataclasses.asdict(s.settings)), self.title)
 
     def commit(self, force: bool = False) -> Iterator[Event]:

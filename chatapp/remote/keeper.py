@@ -118,7 +118,7 @@ class RemoteKeeper(Keeper):
         s = self.session
         users, replies = record.messages[0::2], record.messages[1::2]
         s.exchanges = [RemoteExchange(u.content, a.content) for u, a in zip(users, replies, strict=False)]
-        s.history, s.last = [], None
+        s.turn_stats, s.last = [], None
         s.settings = Settings(**{**dataclasses.asdict(Settings()), **record.settings, "system": record.system or None})
         self.chat_id, self.title, self.created = record.id, record.title, record.created
         self.restored = Restored(record.id, record.title, 0, 0, 0, len(record.messages), 0, s.context,

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from model.families import backend_family
+from model.cpu.qlinear import QLinear
+from model.families.registry import backend_family
 from model.loading import LoadedModel
-from model.quant.qlinear import QLinear
-from model.tokenizer import Tokenizer
+from model.tokenizers.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,12 @@ def sha256_text(text: str) -> str:
 LATER_FIELDS = {"attention_bias": False, "qk_norm": False, "rope_scaling": None, "rope_freq_factors": None}
 
 
+# The model classes are hashed under the modules they lived in when chats were first stored:
+# moving a file (issue 25 laid model/ out by role) must not orphan every stored KV snapshot.
+STORED_MODULES = {"model.families.llama": "model.llama", "model.families.gemma": "model.gemma",
+                  "model.families.nanochat": "model.nanochat"}
+
+
 def config_hash(model: torch.nn.Module) -> str:
     cfg = getattr(model, "config", None)
     if dataclasses.is_dataclass(cfg):
@@ -74,7 +80,8 @@ def config_hash(model: torch.nn.Module) -> str:
         body = json.dumps(fields, sort_keys=True, default=str)
     else:
         body = repr(cfg)
-    return sha256_text(f"{type(model).__module__}.{type(model).__qualname__}:{body}")
+    module = STORED_MODULES.get(type(model).__module__, type(model).__module__)
+    return sha256_text(f"{module}.{type(model).__qualname__}:{body}")
 
 
 def weights_hash(model: torch.nn.Module) -> str:
@@ -123,7 +130,7 @@ class Fingerprint:
 
 def tokenizer_fingerprint(tok: Tokenizer) -> str:
     """Stored token ids are reusable by another model iff this matches: same pieces, same ids."""
-    if hasattr(tok, "fingerprint"):   # a tokenizer tiktoken does not run (model/spm.py) hashes itself
+    if hasattr(tok, "fingerprint"):   # a tokenizer tiktoken does not run (model/tokenizers/spm.py) hashes itself
         return tok.fingerprint()
     enc = tok.enc
     ranks = getattr(enc, "_mergeable_ranks", None)

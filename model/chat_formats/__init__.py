@@ -1,2 +1,2 @@
 """A model's own chat template, rendered in a sandbox and matched against our formats
-(model/templates.py); docs/chat-formats.md."""
+(model/chat_formats/templates.py); docs/chat-formats.md."""

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from model.templates import ChatTemplate
-from model.tokenizer import Tokenizer
+from model.chat_formats.templates import ChatTemplate
+from model.tokenizers.tokenizer import Tokenizer
 
 # Words in a model's name or `general.finetune` that mean it was tuned to follow instructions.
 TUNED = ("instruct", "chat", "sft", "dpo", "rlhf", "assistant", "it")

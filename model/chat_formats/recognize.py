@@ -17,10 +17,10 @@ import jinja2
 
 from model.chat_formats.bounded import TemplateBudgetError
 from model.chat_formats.jinja_env import render
+from model.chat_formats.templates import ChatML, ChatTemplate, GemmaFormat, Llama3, Qwen3, encode_rendered, strftime_now
 from model.chat_formats.whole import PLAIN_CHAT, TemplateFormat
 from model.errors import UserError
-from model.templates import ChatML, ChatTemplate, GemmaFormat, Llama3, Qwen3, encode_rendered, strftime_now
-from model.tokenizer import Tokenizer
+from model.tokenizers.tokenizer import Tokenizer
 
 SUPPORTED = "(supported: ChatML, Qwen3, Llama 3, Gemma)"
 SYSTEM = "You answer briefly."

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import jinja2
 
 from model.chat_formats.jinja_env import render
+from model.chat_formats.templates import ChatTemplate, strftime_now
 from model.errors import UserError
-from model.templates import ChatTemplate, strftime_now
 
 HOLE = "\ue000{}\ue001"   # private-use characters: never in a template, never in the chat's text
 HOLES = re.compile("\ue000(\\d+)\ue001")

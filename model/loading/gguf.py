@@ -1,7 +1,7 @@
 """Llama, Qwen2 and Qwen3 GGUF files, converted once into the canonical model directory.
 
 `convert_gguf` keeps every tensor's quantization: block types are repacked into our block
-formats (model/quant/blocks.py, exact), dense ones are copied. It renames them to Hugging Face's
+formats (model/cpu/blocks.py, exact), dense ones are copied. It renames them to Hugging Face's
 naming, undoes llama.cpp's Q/K row permutation (its converter permutes `llama` only), turns a
 `rope_freqs` tensor (Llama 3.x scaling) into config.json's rope_freq_factors, and writes config.json, model.safetensors,
 tokenizer.json and tokenizer_config.json. `load_gguf` converts into the cache on first use and
@@ -22,14 +22,14 @@ import numpy as np
 
 import model.loading.gguf_gemma as gguf_gemma
 from model.chat_formats.completion import gguf_tuning
+from model.cpu import file_blocks
+from model.cpu.blocks import BLOCK_TYPES, Packed, repack
 from model.errors import ModelLoadError
 from model.loading.gguf_meta import GGUFFile, hf_config, open_gguf, tokenizer_files
 from model.loading.hf import load_hf_dir
 from model.loading.options import LoadedModel, LoadOptions
 from model.loading.safetensors_out import TensorSpec, write_safetensors
 from model.paths import cache_root
-from model.quant import file_blocks
-from model.quant.blocks import BLOCK_TYPES, Packed, repack
 
 Progress = Callable[[str, float, float], None]   # (stage, done, total)
 CONVERTER_VERSION = "6"   # bump when the output of convert_gguf changes: cached conversions are redone

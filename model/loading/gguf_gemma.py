@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from model.errors import ModelLoadError
-from model.gemma import FULL, SLIDING, GemmaConfig
+from model.families.gemma import FULL, SLIDING, GemmaConfig
 from model.loading.gguf_vocab import spm_tokenizer_files
 
 ARCH = "gemma3"

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 
 import model.loading.gguf_gemma as gguf_gemma
-from model.bpe import make_tokenizer, tokenizer_json, vocab_from_gguf
 from model.errors import ModelLoadError
+from model.families.llama import LlamaConfig
 from model.limits import check_config
-from model.llama import LlamaConfig
 from model.loading.gguf_check import check_gguf
 from model.loading.gguf_vocab import chat_template, end_tokens, spm_tokenizer_files
+from model.tokenizers.bpe import make_tokenizer, tokenizer_json, vocab_from_gguf
 
 # GGUF general.architecture -> the Hugging Face architecture it converts to. Their metadata
 # keys share one layout under the architecture's prefix (llama.cpp's convert_hf_to_gguf.py).

@@ -5,7 +5,7 @@ Mistral) and Gemma's. Byte-level BPE ones are model/loading/gguf_meta.py's."""
 from __future__ import annotations
 
 from model.errors import ModelLoadError
-from model.spm_gguf import tokenizer_json_from_gguf
+from model.tokenizers.spm_gguf import tokenizer_json_from_gguf
 
 # Ids a GGUF may name as the end of a turn besides EOS (llama.cpp's llama_vocab::token_is_eog).
 END_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
@@ -32,7 +32,7 @@ def chat_template(g) -> str:
 
 def spm_tokenizer_files(g, flavor: str, tokenizer_class: str, context: int) -> tuple[dict, dict]:
     """tokenizer.json and tokenizer_config.json for a SentencePiece vocabulary; `flavor` is
-    "llama" (merges by score, dummy prefix) or "gemma" (model/spm_gguf.py)."""
+    "llama" (merges by score, dummy prefix) or "gemma" (model/tokenizers/spm_gguf.py)."""
     meta = {k: v for k, v in g.meta.items() if k.startswith("tokenizer.ggml.")}
     if "tokenizer.ggml.tokens" not in meta:
         raise ModelLoadError(f"{g.path}: the GGUF has no tokenizer")

@@ -13,15 +13,15 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from kvcache import Attention
-from model.bpe import tokenizer_from_json
 from model.chat_formats.completion import CompletionFormat
 from model.errors import ModelLoadError
-from model.families import FAMILIES, Family, for_architectures
+from model.families.llama import Llama, LlamaConfig
+from model.families.registry import FAMILIES, Family, for_architectures
 from model.files import read_bytes
 from model.limits import check_config
-from model.llama import Llama, LlamaConfig
 from model.loading.options import LoadedModel, LoadOptions
 from model.loading.quantized import dequantized, install, take_packed
+from model.tokenizers.bpe import tokenizer_from_json
 
 
 def read_json(path: Path) -> dict:

@@ -16,14 +16,14 @@ from pathlib import Path
 import torch
 
 from kvcache import Attention
+from model.chat_formats.templates import NanochatFormat
 from model.errors import ModelLoadError
+from model.families.nanochat import Nanochat
 from model.files import read_bytes
 from model.loading.nanochat_detect import config_from_checkpoint
 from model.loading.options import LoadedModel, LoadOptions
-from model.nanochat import Nanochat
-from model.safe_pickle import load_encoding
-from model.templates import NanochatFormat
-from model.tokenizer import Tokenizer
+from model.tokenizers.safe_pickle import load_encoding
+from model.tokenizers.tokenizer import Tokenizer
 
 SOURCES = {"base": "base_checkpoints", "mid": "mid_checkpoints", "sft": "chatsft_checkpoints",
            "rl": "chatrl_checkpoints"}

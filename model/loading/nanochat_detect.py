@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from model.errors import ModelLoadError
-from model.nanochat_config import GENERATIONS, NanochatConfig
+from model.families.nanochat_config import GENERATIONS, NanochatConfig
 
 SHAPE_FIELDS = {"sequence_len": int, "vocab_size": int, "n_layer": int, "n_head": int, "n_kv_head": int,
                 "n_embd": int, "window_pattern": str}

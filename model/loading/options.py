@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from model.templates import ChatTemplate
-from model.tokenizer import Tokenizer
+from model.chat_formats.templates import ChatTemplate
+from model.tokenizers.tokenizer import Tokenizer
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Model directories holding block-quantized weights (a converted GGUF): read and install them.
 
 A weight `NAME` in a block format is stored as `NAME.q4` or `NAME.q8` (values), `NAME.scale`
-and optionally `NAME.min` (model/quant/blocks.py). On the CPU's default path each becomes a
+and optionally `NAME.min` (model/cpu/blocks.py). On the CPU's default path each becomes a
 `QLinear` that keeps them as they are; otherwise (`--dtype float32`, the GPU) they are
 dequantized on load, exactly, and the model is the plain one.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from model.cpu import file_blocks
+from model.cpu.blocks import Q4, Q8
+from model.cpu.qlinear import QEmbedding, QLinear
 from model.errors import ModelLoadError
-from model.quant import file_blocks
-from model.quant.blocks import Q4, Q8
-from model.quant.qlinear import QEmbedding, QLinear
 
 PAD = "nanochat.pad."
 PARTS = (".q4", ".q8", ".scale", ".min", *(f".{k}" for k in file_blocks.KINDS))

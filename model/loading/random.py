@@ -8,12 +8,12 @@ from __future__ import annotations
 import torch
 
 from kvcache import Attention
+from model.chat_formats.templates import ChatML
 from model.errors import ModelLoadError
-from model.gemma import Gemma, GemmaConfig
-from model.llama import Llama, LlamaConfig
+from model.families.gemma import Gemma, GemmaConfig
+from model.families.llama import Llama, LlamaConfig
 from model.loading.options import LoadedModel, LoadOptions
-from model.templates import ChatML
-from model.tokenizer import Tokenizer, byte_level_encoding
+from model.tokenizers.tokenizer import Tokenizer, byte_level_encoding
 
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -54,7 +54,7 @@ PRESETS: dict[str, dict] = {
 }
 
 
-# Gemma 3 shapes (model/gemma.py), random weights: the same byte tokenizer and ChatML format.
+# Gemma 3 shapes (model/families/gemma.py), random weights: the same byte tokenizer and ChatML format.
 GEMMA_PRESETS: dict[str, dict] = {
     # Gemma 3 270M's real shapes (its GGUF's metadata): 18 layers, width 640, 4 query heads and
     # 1 KV head of 256, FFN 2048, 262k vocabulary, a 512-key window on 5 layers of 6.

@@ -1,0 +1,163 @@
+"""What the model families share: norms, rotary embeddings, MLPs and the decode step's attention call.
+
+Rotary convention (one for the whole tree). `rotary_tables` gives the cos and sin of the
+angles pos * theta^(-2i/D), i < D/2, as (length, D/2) tables. `apply_rotary` rotates each
+pair (x[i], x[i + D/2]) of a head (the "halves" layout of Hugging Face's rotate_half) by
+the angle whose cos and sin it is given:
+
+    (x1, x2) -> (x1 cos - x2 sin,  x2 cos + x1 sin)
+
+Llama checkpoints are trained with rotation by +angle. nanochat's are trained with rotation
+by -angle; its tables are built with `reverse=True`, which negates the sine. Negating a
+float is exact, so that is bit for bit nanochat's own `x1 cos + x2 sin, x2 cos - x1 sin`.
+The fused Triton kernel (model/decode/qkv_rope.py) applies the same formula to Llama's tables.
+
+Module attribute names (gate_proj, c_fc, ...) mirror the checkpoints' own, so state dicts
+load with no renaming.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kvcache import Attention, KVCache
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a weight and a fixed eps (Llama)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 like the reference implementations, so bf16 matches them.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def embedding(num: int, dim: int) -> nn.Embedding:
+    """nn.Embedding. Built on the meta device (loading), its init is skipped: torch 2.13's
+    normal_ on a meta tensor keeps a real table's worth of memory (146 MB for SmolLM2's)."""
+    if torch.get_default_device().type == "meta":
+        return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
+    return nn.Embedding(num, dim)
+
+
+def rms_norm(x: torch.Tensor) -> torch.Tensor:
+    """RMSNorm with no weight and eps from the dtype, in x's dtype (nanochat)."""
+    return F.rms_norm(x, (x.size(-1),))
+
+
+def rotary_tables(head_dim: int, length: int, theta: float, dtype: torch.dtype = torch.float64,
+                  device=None, reverse: bool = False,
+                  freq_factors: Sequence[float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 (length, head_dim/2) cos and sin, the angles computed in `dtype`: float64 gives
+    exact tables (Llama), float32 nanochat's own. `reverse`: for rotation by -angle.
+    `freq_factors`: one divisor per inverse frequency (Llama 3.x scaling, see
+    `llama3_freq_factors`; llama.cpp's `rope_freqs` tensor holds the same numbers)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=dtype, device=device) / head_dim))
+    if freq_factors is not None:
+        inv_freq = inv_freq / torch.tensor(freq_factors, dtype=dtype, device=device)
+    angles = torch.outer(torch.arange(length, dtype=dtype, device=device), inv_freq)
+    cos, sin = angles.cos().float(), angles.sin().float()
+    return (cos, -sin) if reverse else (cos, sin)
+
+
+def llama3_freq_factors(head_dim: int, theta: float, factor: float, low_freq_factor: float,
+                        high_freq_factor: float, original_max_position_embeddings: int) -> list[float]:
+    """Llama 3.x rotary scaling as divisors of the inverse frequencies: wavelengths shorter
+    than original/high_freq_factor keep theirs (1), longer than original/low_freq_factor are
+    stretched by `factor`, and those between blend the two linearly in 1/wavelength."""
+    orig, low, high = original_max_position_embeddings, low_freq_factor, high_freq_factor
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / head_dim)
+        if wavelen < orig / high:
+            out.append(1.0)
+        elif wavelen > orig / low:
+            out.append(float(factor))
+        else:
+            smooth = (orig / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return out
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, T, H, D); cos/sin: (T, D/2). Computed in the wider of x's and the tables' dtypes
+    (fp32 tables lift a bf16 x, as Hugging Face does; tables in x's dtype keep it, as nanochat
+    does) and returned in x's dtype."""
+    x1, x2 = x.to(torch.promote_types(x.dtype, cos.dtype)).chunk(2, dim=-1)
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)): Llama's MLP with SiLU (SwiGLU), Gemma's with tanh GELU (GeGLU)."""
+
+    def __init__(self, dim: int, hidden: int, act: Callable[[torch.Tensor], torch.Tensor] = F.silu):
+        super().__init__()
+        self.act = act
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class ReLU2(nn.Module):
+    """proj(relu(fc(x))^2): nanochat's MLP."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.c_fc = nn.Linear(dim, hidden, bias=False)
+        self.c_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.relu(self.c_fc(x)).square())
+
+
+class StepAttention:
+    """The attention call of a capturable one-token decode step: the new token, at position
+    `pos` (a device tensor), against one layer's cache. Flash reads the key count from
+    `seqlens_k`; SDPA masks over the whole capacity. Either way no shape depends on the
+    position, so a CUDA graph of the step holds at any position."""
+
+    def __init__(self, attn: Attention, cache: KVCache, num_splits: int = 1):
+        dev = cache.device
+        probe = torch.empty(1, 1, 1, 1, device=dev, dtype=cache.dtype)
+        flash = attn.flash
+        self.flash = flash if flash is not None and flash.can_serve(probe, (-1, -1), 0.0) else None
+        self.num_splits = num_splits  # pinned: capture and replay must agree
+        self.key_pos = torch.arange(cache.capacity, device=dev)
+        self.seqlens_k = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.name = self.flash.name if self.flash else "sdpa"
+
+    def start(self, pos: torch.Tensor) -> None:
+        """Once a step, before its layers: the key count flash reads, the new token included."""
+        torch.add(pos, 1, out=self.seqlens_k)
+
+    def __call__(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor,
+                 window: tuple[int, int] = (-1, -1)) -> torch.Tensor:
+        """q: (1, 1, Hq, D); kc, vc: (1, T, Hk, D) with the new token's K/V already written."""
+        if self.flash is not None and (window == (-1, -1) or self.flash.windows):
+            return self.flash.fn(q, kc, vc, cache_seqlens=self.seqlens_k, causal=True, window_size=window,
+                                 num_splits=self.num_splits)
+        mask = self.key_pos <= pos
+        if window[0] >= 0:
+            mask = mask & (self.key_pos >= pos - window[0])
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2),
+                                             attn_mask=mask[None, None, None, :], enable_gqa=True)
+        return out.transpose(1, 2)

@@ -1,0 +1,247 @@
+"""The Llama-shaped decoder (SmolLM2, Llama 2/3.x, Qwen2/2.5, Qwen3) over a KVCache.
+
+What tells the families apart is config: q/k/v biases (Qwen2), per-head RMSNorm on q and k
+(Qwen3), an explicit head size, a tied or untied head, and Llama 3.x rotary scaling.
+
+The forward takes only the new tokens; everything before them is read from the cache,
+and rotary positions start at the cache position, so a new turn can begin anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from kvcache import Attention, KVCache
+from model.families.layers import GatedMLP, RMSNorm, apply_rotary, embedding, llama3_freq_factors, rotary_tables
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int = 49152
+    hidden_size: int = 576
+    intermediate_size: int = 1536
+    num_hidden_layers: int = 30
+    num_attention_heads: int = 9
+    num_key_value_heads: int = 3
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 8192
+    tie_word_embeddings: bool = True
+    attention_bias: bool = False      # q_proj, k_proj and v_proj have biases; o_proj none (Qwen2)
+    qk_norm: bool = False             # RMSNorm over each head of q and k, before rotary (Qwen3)
+    rope_scaling: dict | None = None  # {"rope_type": "llama3", factor, low/high_freq_factor, original_max_...}
+    rope_freq_factors: list[float] | None = None  # llama.cpp's rope_freqs tensor (a converted GGUF)
+
+    def __post_init__(self):
+        """ValueError naming the field for a config no model can be built from: a hand-edited
+        config.json or GGUF metadata must fail here, not as a ZeroDivisionError or NaN later."""
+        explicit = ("head_dim",) if self.head_dim is not None else ()  # [] or 0 too: not "derive it"
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "max_position_embeddings") + explicit:
+            if type(v := getattr(self, name)) is not int or v < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, not {v!r}")
+        for name in ("rms_norm_eps", "rope_theta"):
+            if type(v := getattr(self, name)) not in (int, float) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{name} must be a positive number, not {v!r}")
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_attention_heads % self.num_key_value_heads or self.head_dim % 2:
+            raise ValueError(f"num_attention_heads {self.num_attention_heads}, num_key_value_heads "
+                             f"{self.num_key_value_heads}, head_dim {self.head_dim}: heads must group evenly "
+                             "and the head size must be even")
+        for name in ("tie_word_embeddings", "attention_bias", "qk_norm"):
+            if type(v := getattr(self, name)) is not bool:
+                raise ValueError(f"{name} must be true or false, not {v!r}")
+        self.freq_factors()  # a bad rope_scaling fails now, naming its key
+
+    def freq_factors(self) -> list[float] | None:
+        """The divisors rotary applies to its inverse frequencies, or None for plain rotary."""
+        if self.rope_freq_factors is not None:
+            f = self.rope_freq_factors
+            if (not isinstance(f, list) or len(f) != self.head_dim // 2
+                    or not all(type(x) in (int, float) and math.isfinite(x) and x > 0 for x in f)):
+                raise ValueError(f"rope_freq_factors must be {self.head_dim // 2} positive numbers")
+            return [float(x) for x in f]
+        if self.rope_scaling is None:
+            return None
+        return llama3_freq_factors(self.head_dim, self.rope_theta, *llama3_params(self.rope_scaling))
+
+    @classmethod
+    def from_dict(cls, d: dict, **fixed) -> LlamaConfig:
+        """From a config.json (Hugging Face's keys, transformers 4 or 5). `fixed`: fields the
+        architecture implies whatever the file says (Qwen2's biases). ValueError naming the
+        key for what this module cannot run exactly."""
+        d = {**d, **hf_rope(d)}
+        refuse_unsupported(d)
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in d.items() if k in known and k not in ("attention_bias", "qk_norm")}, **fixed)
+
+
+def hf_rope(d: dict) -> dict:
+    """rope_theta and rope_scaling from either layout: transformers 4's top-level rope_theta
+    plus rope_scaling, or transformers 5's rope_parameters holding both."""
+    params = d.get("rope_parameters") or {}
+    scaling = d.get("rope_scaling") or params
+    if not isinstance(scaling, dict):
+        raise ValueError(f"rope_scaling must be an object, not {scaling!r}")
+    out = {"rope_scaling": None}
+    if "rope_theta" in d or "rope_theta" in params:
+        out["rope_theta"] = d.get("rope_theta", params.get("rope_theta"))
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind != "default":
+        out["rope_scaling"] = {**{k: v for k, v in scaling.items() if k not in ("rope_theta", "type")},
+                               "rope_type": kind}
+        if kind == "llama3":  # where transformers looks when the scaling does not say
+            orig = d.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
+            out["rope_scaling"]["original_max_position_embeddings"] = orig or d.get("max_position_embeddings")
+    return out
+
+
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def llama3_params(scaling: dict) -> tuple:
+    """The llama3 scaling's four numbers; ValueError naming the key for any other kind."""
+    if not isinstance(scaling, dict) or scaling.get("rope_type") != "llama3":
+        kind = scaling.get("rope_type") if isinstance(scaling, dict) else scaling
+        raise ValueError(f"rope_scaling.rope_type {kind!r} is not supported (only llama3)")
+    values = tuple(scaling.get(k) for k in LLAMA3_KEYS)
+    for k, v in zip(LLAMA3_KEYS, values, strict=True):
+        if type(v) not in (int, float) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"rope_scaling.{k} must be a positive number, not {v!r}")
+    if values[1] >= values[2]:
+        raise ValueError(f"rope_scaling.low_freq_factor {values[1]} must be below high_freq_factor {values[2]}")
+    return values
+
+
+MOE = "mixture-of-experts models are not supported"
+UNSUPPORTED = [  # (config.json key, is its value one we cannot run, why)
+    ("hidden_act", lambda v: v != "silu", "only silu is supported"),
+    ("attention_bias", bool, "a bias on o_proj is not supported (q/k/v biases come with Qwen2 only)"),
+    ("mlp_bias", bool, "MLP biases are not supported"),
+    ("num_experts", bool, MOE),
+    ("num_local_experts", bool, MOE),
+    ("use_sliding_window", bool, "sliding-window attention is not supported"),
+    ("layer_types", lambda v: not isinstance(v, list) or any(t != "full_attention" for t in v),
+     "only full_attention layers are supported"),
+    ("partial_rotary_factor", lambda v: v != 1, "partial rotary is not supported"),
+]
+
+
+def refuse_unsupported(d: dict) -> None:
+    """ValueError naming the first config.json key whose value this module would run wrongly."""
+    for key, bad, why in UNSUPPORTED:
+        if d.get(key) is not None and bad(d[key]):
+            raise ValueError(f"{key} {d[key]!r}: {why}")
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: LlamaConfig, idx: int):
+        super().__init__()
+        self.idx = idx
+        self.n_head, self.n_kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        d = cfg.hidden_size
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(d, self.n_head * self.hd, bias=bias)
+        self.k_proj = nn.Linear(d, self.n_kv * self.hd, bias=bias)
+        self.v_proj = nn.Linear(d, self.n_kv * self.hd, bias=bias)
+        self.o_proj = nn.Linear(self.n_head * self.hd, d, bias=False)
+        if cfg.qk_norm:  # absent otherwise, so a Llama state dict has no q_norm keys
+            self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(B, T, heads, head_dim) q, k (normed if qk_norm, then rotated) and v: shared with
+        the decode step, so the two cannot drift apart."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_head, self.hd)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.hd)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), self.v_proj(x).view(b, t, self.n_kv, self.hd)
+
+    def forward(self, x, cos, sin, cache: KVCache, attn: Attention) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x, cos, sin)
+        return self.o_proj(attn(q, k, v, cache, self.idx).reshape(b, t, -1))
+
+
+class LlamaBlock(nn.Module):
+    """Module names mirror Hugging Face's, so their state dicts load with no renaming."""
+
+    def __init__(self, cfg: LlamaConfig, idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = SelfAttention(cfg, idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x, cos, sin, cache: KVCache, attn: Attention) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaBody(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaBlock(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: LlamaConfig, attn: Attention | None = None):
+        super().__init__()
+        self.config = cfg
+        self.attn = attn or Attention("auto")
+        self.max_seq_len = cfg.max_position_embeddings
+        self.model = LlamaBody(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # fp32 even in a bf16 model
+        self.cache_dtype: torch.dtype | None = None  # None: the weights' dtype (quantized models: fp16)
+        self.longest_cache = 0  # the rotary tables' length follows it (rope_length)
+        self.retired: list = []  # tables replaced by longer ones, kept alive for graphs captured on them
+
+    def new_cache(self, seq_len: int | None = None) -> KVCache:
+        c = self.config
+        p = self.model.norm.weight
+        cache = KVCache(1, c.num_key_value_heads, seq_len or self.max_seq_len, c.head_dim,
+                        c.num_hidden_layers, p.device, self.cache_dtype or p.dtype)
+        # only once it exists: a cache that failed to allocate must not size the rotary tables
+        self.longest_cache = max(self.longest_cache, cache.capacity)
+        return cache
+
+    def rope_length(self) -> int:
+        """Rotary tables cover the longest cache made, not the context the config claims: a
+        claimed 2**31 with a 4,096-token cache must not allocate 16 GB of tables (issue 27)."""
+        return self.longest_cache or min(self.max_seq_len, 1 << 16)
+
+    def rope(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.rope_length()
+        if self._rope is None or self._rope[0].device != device or self._rope[0].shape[0] < n:
+            c = self.config
+            self.retired += [self._rope] if self._rope is not None else []  # a captured CUDA graph may read them
+            self._rope = rotary_tables(c.head_dim, n, c.rope_theta, device=device, freq_factors=c.freq_factors())
+        return self._rope
+
+    def forward(self, idx: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
+        """Logits (fp32) for the new tokens `idx` (B, T), or for the last one only (`last`:
+        a prefill needs no others); their K/V land in `cache`."""
+        t = idx.shape[1]
+        cache.check_fits(t)  # before any layer writes: an overflow leaves the cache as it was
+        pos = cache.pos
+        cos, sin = self.rope(idx.device)
+        cos, sin = cos[pos:pos + t], sin[pos:pos + t]
+        x = self.model.embed_tokens(idx)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, cache, self.attn)
+        cache.advance(t)
+        return self.lm_head(self.model.norm(x[:, -1:] if last else x)).float()

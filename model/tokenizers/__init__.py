@@ -1,0 +1,1 @@
+"""Tokenizers, one file per kind (byte-level BPE, SentencePiece, nanochat's pickle), plus pre-tokenizers."""
