@@ -10,8 +10,8 @@ import os
 
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
 from chatapp.store.database import ChatStore
-from chatapp.store.keeper import ChatKeeper
 from tests.crash_campaign import KINDS, campaign, report
 from tests.crash_ledger import read_disk
 from tests.test_session import assert_invariant

@@ -16,6 +16,7 @@ import torch
 from chatapp.chat.events import Trimmed
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
 from model.decode.generate import Generator
 from model.decode.graph_config import GraphConfig
 from model.decode.graphs import build_step
@@ -315,7 +316,7 @@ def test_cache_after_chat_with_rewinds_equals_eager(lm):
     assert s.gen.graphs is not None
     graph = s.gen.graphs.step_graph
     for step in ["Hi! Name three fruits.", "/retry", "Now three vegetables.", "/undo", "Three colours?"]:
-        drain(s.run_command(step) if step.startswith("/") else s.send(step))
+        drain(ChatKeeper(s, None).run_command(step) if step.startswith("/") else s.send(step))
         assert_cache_holds(lm, s)
     s.settings = Settings(temperature=0.8, top_k=50, top_p=0.9, seed=1, max_new_tokens=40)
     drain(s.send("And three animals, please."))
@@ -333,7 +334,7 @@ def test_graph_replays_after_reset_and_trim(lm):
         trims += sum(isinstance(e, Trimmed) for e in s.send(f"Message {i}: tell me a fact about the sea."))
         assert_cache_holds(lm, s)
     assert trims > 0
-    drain(s.run_command("/reset"))
+    drain(ChatKeeper(s, None).run_command("/reset"))
     drain(s.send("After the reset: count to five."))
     assert_cache_holds(lm, s)
     assert s.turn_stats[-1].decode_tokens > 1

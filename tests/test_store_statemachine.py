@@ -17,9 +17,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
+from chatapp.keeper.reopen import archived, stored_conversation
 from chatapp.store.database import ChatStore
-from chatapp.store.keeper import ChatKeeper
-from chatapp.store.reopen import archived, stored_conversation
 from model.loading import load_model
 from tests.test_session import assert_invariant, assert_transcript
 
