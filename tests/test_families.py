@@ -6,9 +6,9 @@ from pathlib import Path
 import torch
 
 from model.decode.graph_config import GraphConfig
-from model.decode.graphs import build_step
 from model.decode.llama_torch import LlamaTorchStep
 from model.decode.nanochat_torch import NanochatTorchStep
+from model.decode.steps import build_step
 from model.families.registry import FAMILIES, backend_family, family_of, for_architectures
 from model.loading import LoadOptions, load_model
 

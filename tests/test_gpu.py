@@ -18,8 +18,8 @@ from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from model.decode.generate import Generator
 from model.decode.graph_config import GraphConfig
-from model.decode.graphs import build_step
 from model.decode.sampling import SamplingConfig
+from model.decode.steps import build_step
 from model.loading import LoadOptions, load_model
 
 FIX = Path(__file__).parent / "fixtures" / "nanochat"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from kvcache import KVCache
-from model.families.registry import family_of
+from model.decode.steps import prefill_step_for
 
 BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
@@ -49,13 +49,13 @@ class PrefillGraphs:
     """Captured prefill for one model and cache: `run(ids, n)` pushes n <= max_bucket tokens."""
 
     def __init__(self, model: torch.nn.Module, cache: KVCache, num_splits: int = 1, max_bucket: int = 0):
-        family = family_of(model)
-        if family is None or family.build_prefill is None:
+        make = prefill_step_for(model)
+        if make is None:
             raise NotImplementedError(f"no capturable prefill for {type(model).__name__}")
         limit = max_bucket or chunk_tokens(model, cache.device)
         self.buckets = tuple(b for b in BUCKETS if b <= limit) or BUCKETS[:1]
         self.max_bucket = self.buckets[-1]
-        self.model, self.cache, self.num_splits, self.make = model, cache, num_splits, family.build_prefill
+        self.model, self.cache, self.num_splits, self.make = model, cache, num_splits, make
         dev = cache.device
         self.ids = torch.zeros(1, self.max_bucket, dtype=torch.long, device=dev)
         self.last = torch.zeros(1, dtype=torch.long, device=dev)
