@@ -15,11 +15,9 @@ import torch
 from kvcache import KVCache
 from model.cpu.step import CpuStep, build_cpu_step
 from model.decode import triton_available
-from model.decode.gemma_torch import GemmaTorchStep
 from model.decode.graph_config import GraphConfig
-from model.decode.llama_torch import LlamaTorchStep
-from model.decode.nanochat_torch import NanochatTorchStep
 from model.decode.prefill_step import GemmaPrefillStep, LlamaPrefillStep, PrefillStep
+from model.decode.torch_step import TorchStep
 from model.families.registry import family_of
 
 
@@ -34,30 +32,28 @@ class DecodeStep(Protocol):
 
 
 def llama_step(model: torch.nn.Module, cache: KVCache, cfg: GraphConfig) -> DecodeStep:
+    """The fused step where the kernels serve the shape, else the family's forward."""
     c = model.config
     # The fused kernels serve q/k/v biases (Qwen2) or per-head q/k norms (Qwen3), not both at once.
     if cfg.fused and triton_available() and not (c.attention_bias and c.qk_norm):
         # Lazy: the fused step imports triton, which CPU-only runs never need to load.
         from model.decode.llama_fused import LlamaFusedStep
         return LlamaFusedStep(model, cache, cfg.attn, cfg.splits, cfg.num_splits, cfg.pdl)
-    return LlamaTorchStep(model, cache, cfg.num_splits)
-
-
-def nanochat_step(model: torch.nn.Module, cache: KVCache, cfg: GraphConfig) -> DecodeStep:
-    return NanochatTorchStep(model, cache, cfg.num_splits)
+    return TorchStep(model, cache, cfg.num_splits)
 
 
 def gemma_step(model: torch.nn.Module, cache: KVCache, cfg: GraphConfig) -> DecodeStep:
+    """The fused step on CUDA, else the family's forward."""
     if cfg.fused and triton_available() and cache.device.type == "cuda":
         # Lazy: the fused step imports triton, which CPU-only runs never need to load.
         from model.decode.gemma_fused import GemmaFusedStep
         return GemmaFusedStep(model, cache, cfg.attn, cfg.splits, cfg.num_splits, cfg.pdl)
-    return GemmaTorchStep(model, cache, cfg.num_splits)
+    return TorchStep(model, cache, cfg.num_splits)
 
 
-# family name -> its capturable decode step. family_of() names the module's first family, so
-# Qwen2 and Qwen3 (the Llama module with a flag each) come here as "llama".
-DECODE_STEPS = {"llama": llama_step, "nanochat": nanochat_step, "gemma3": gemma_step}
+# family name -> its fused step, where it has one (else its own forward: TorchStep). family_of()
+# names the module's first family, so Qwen2 and Qwen3 (the Llama module with a flag each) come as "llama".
+FUSED_STEPS = {"llama": llama_step, "gemma3": gemma_step}
 PREFILL_STEPS: dict[str, type[PrefillStep]] = {"llama": LlamaPrefillStep, "gemma3": GemmaPrefillStep}
 CPU_STEPS = {"llama", "gemma3"}   # the layer shapes qdecode.c runs
 
@@ -65,8 +61,10 @@ CPU_STEPS = {"llama", "gemma3"}   # the layer shapes qdecode.c runs
 def build_step(model: torch.nn.Module, cache: KVCache, cfg: GraphConfig) -> DecodeStep | None:
     """The capturable decode step of this model's family, or None (then decode stays eager)."""
     family = family_of(model)
-    build = DECODE_STEPS.get(family.name) if family else None
-    return build(model, cache, cfg) if build else None
+    if family is None:
+        return None
+    fused = FUSED_STEPS.get(family.name)
+    return fused(model, cache, cfg) if fused else TorchStep(model, cache, cfg.num_splits)
 
 
 def prefill_step_for(model: torch.nn.Module) -> type[PrefillStep] | None:

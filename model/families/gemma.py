@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 
 from kvcache import Attention, KVCache
-from model.families.layers import GatedMLP, apply_rotary, embedding, gelu_tanh, rotary_tables
+from model.families.layers import GatedMLP, apply_rotary, embedding, gelu_tanh, rope_rows, rotary_tables
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -267,15 +267,17 @@ class Gemma(nn.Module):
         cap = self.config.final_logit_softcapping
         return cap * torch.tanh(logits / cap) if cap else logits
 
-    def forward(self, idx: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, cache: KVCache, last: bool = False, step=None) -> torch.Tensor:
         """Logits (fp32) for the new tokens `idx` (B, T), or the last one only (`last`); their
-        K/V land in `cache`."""
+        K/V land in `cache`. `step`: one token at the device position, the cache not advanced
+        (the capturable decode step, model/decode/torch_step.py)."""
         t = idx.shape[1]
-        cache.check_fits(t)  # before any layer writes: an overflow leaves the cache as it was
-        pos = cache.pos
-        rope = {k: (cos[pos:pos + t], sin[pos:pos + t]) for k, (cos, sin) in self.rope(idx.device).items()}
+        if step is None:
+            cache.check_fits(t)  # before any layer writes: an overflow leaves the cache as it was
+        rope = {k: rope_rows(cos, sin, cache, t, step) for k, (cos, sin) in self.rope(idx.device).items()}
         x = self.embed(idx)
         for layer in self.model.layers:
-            x = layer(x, rope, cache, self.attn)
-        cache.advance(t)
+            x = layer(x, rope, cache, step or self.attn)
+        if step is None:
+            cache.advance(t)
         return self.head(x[:, -1:] if last else x)

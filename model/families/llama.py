@@ -16,7 +16,15 @@ import torch
 import torch.nn as nn
 
 from kvcache import Attention, KVCache
-from model.families.layers import GatedMLP, RMSNorm, apply_rotary, embedding, llama3_freq_factors, rotary_tables
+from model.families.layers import (
+    GatedMLP,
+    RMSNorm,
+    apply_rotary,
+    embedding,
+    llama3_freq_factors,
+    rope_rows,
+    rotary_tables,
+)
 
 
 @dataclass
@@ -232,16 +240,17 @@ class Llama(nn.Module):
             self._rope = rotary_tables(c.head_dim, n, c.rope_theta, device=device, freq_factors=c.freq_factors())
         return self._rope
 
-    def forward(self, idx: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, cache: KVCache, last: bool = False, step=None) -> torch.Tensor:
         """Logits (fp32) for the new tokens `idx` (B, T), or for the last one only (`last`:
-        a prefill needs no others); their K/V land in `cache`."""
+        a prefill needs no others); their K/V land in `cache`. `step`: one token at the device
+        position, the cache not advanced (the capturable decode step, model/decode/torch_step.py)."""
         t = idx.shape[1]
-        cache.check_fits(t)  # before any layer writes: an overflow leaves the cache as it was
-        pos = cache.pos
-        cos, sin = self.rope(idx.device)
-        cos, sin = cos[pos:pos + t], sin[pos:pos + t]
+        if step is None:
+            cache.check_fits(t)  # before any layer writes: an overflow leaves the cache as it was
+        cos, sin = rope_rows(*self.rope(idx.device), cache, t, step)
         x = self.model.embed_tokens(idx)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, cache, self.attn)
-        cache.advance(t)
+            x = layer(x, cos, sin, cache, step or self.attn)
+        if step is None:
+            cache.advance(t)
         return self.lm_head(self.model.norm(x[:, -1:] if last else x)).float()
