@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import BinaryIO, TextIO
 
 from chatapp.chat.commands import is_text, split_input
-from chatapp.chat.events import Error, Event, Prefilling, Quit, TextDelta, to_json
+from chatapp.chat.events import Error, Event, Prefilling, Progress, Quit, Ready, TextDelta, to_json
 from chatapp.store.final_save import final_save
 from chatapp.store.keeper import ChatKeeper
 
@@ -55,7 +55,7 @@ def emit(ev: Event, out: TextIO) -> None:
 
 def run_headless(chat: ChatKeeper, stream: BinaryIO, jsonl: bool = False, out: TextIO = sys.stdout) -> int:
     """Feed each input line to the chat (which stores it as it goes, if it has a store)."""
-    emit_ready(chat, out)
+    emit(Ready(chat.session.stats(), chat.ready_fields()), out)
     for item in read_inputs(stream, jsonl):
         if isinstance(item, Error):
             emit(item, out)
@@ -64,8 +64,8 @@ def run_headless(chat: ChatKeeper, stream: BinaryIO, jsonl: bool = False, out: T
         events = chat.run_command(text) if kind == "command" else chat.send(text)
         for ev in events:
             match ev:
-                case TextDelta() | Prefilling():
-                    continue  # the turn event carries the whole reply; the trim event the re-prefill's figures
+                case TextDelta() | Prefilling() | Progress():
+                    continue  # the turn event carries the whole reply and its figures; the trim event the re-prefill's
                 case Quit():
                     return farewell(chat, out)
                 case _:
@@ -79,8 +79,3 @@ def farewell(chat: ChatKeeper, out: TextIO) -> int:
         emit(Error(line), out)
         return 1
     return 0
-
-
-def emit_ready(chat: ChatKeeper, out: TextIO) -> None:
-    out.write(json.dumps({"event": "ready", **chat.session.stats(), **chat.ready_fields()}) + "\n")
-    out.flush()

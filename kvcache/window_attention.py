@@ -73,11 +73,17 @@ def _window_attention(q_ptr, k_ptr, v_ptr, o_ptr, start_ptr, n_q, scale_log2,
              mask=(offs_m[:, None] < n_q) & dmask[None, :])
 
 
-def blocks_for(head_dim: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, warps): 64x64 for Gemma's 256-wide heads, 128x64 for 64-128."""
-    if head_dim > 128:
-        return 64, 32, 8
-    return 128, 64, 4 if head_dim <= 64 else 8
+SMS = 132   # the H200's multiprocessors: fewer programs than this leave most of the GPU idle
+
+
+def blocks_for(head_dim: int, tq: int = 1 << 30, hq: int = 1 << 10) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, warps): 64x32 for Gemma's 256-wide heads, 128x64 for 64-128; query
+    blocks halved (down to 16) while the grid has fewer programs than the GPU has SMs, since a
+    short chunk's grid is tiny (Gemma's 4 heads at 512 tokens: 32 programs of 64 queries)."""
+    bm, bn, warps = (64, 32, 8) if head_dim > 128 else (128, 64, 4 if head_dim <= 64 else 8)
+    while bm > 16 and -(-tq // bm) * hq < SMS:
+        bm //= 2
+    return bm, bn, warps if bm >= 64 else 4
 
 
 def window_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: torch.Tensor,
@@ -94,7 +100,7 @@ def window_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if kc.stride(-1) != 1 or vc.stride() != kc.stride():
         raise ValueError("the cache must be contiguous in its head dimension, K and V alike")
     out = torch.empty((tq, hq, d), device=q.device, dtype=q.dtype)
-    bm, bn, warps = blocks or blocks_for(d)
+    bm, bn, warps = blocks or blocks_for(d, tq, hq)
     scale = (scale if scale is not None else d ** -0.5) * LOG2E
     grid = (triton.cdiv(tq, bm), hq)
     _window_attention[grid](q[0], kc, vc, out, start, tq, scale,

@@ -147,8 +147,59 @@ def window_cases() -> None:
     print(json.dumps(rows))
 
 
+def prefill_cases() -> None:
+    """The fused prefill step (model/decode/prefill_fused.py) against the eager forward, fp32: 11
+    new tokens in a 16-token bucket after 20 cached ones (5 rows of padding; Gemma's 8-key window
+    crossed), norm weights off 1 so a weight on the wrong row or kind shows."""
+    from model.decode.prefill_fused import fused_prefill_class
+    from model.decode.steps import family_name
+    from model.families.llama import LlamaConfig
+    from model.loading import LoadOptions
+    from model.loading.random import random_llama
+
+    # 6 query + 2 key + 2 value heads: 10 head slots in a 16-row tile (SmolLM2 has 15)
+    odd = random_llama(LlamaConfig(vocab_size=512, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128),
+                       LoadOptions())
+    rows = []
+    for spec in ("random:tiny", "random:tiny-qwen2", "random:tiny-gemma3", "heads-6-2"):
+        m = odd if spec == "heads-6-2" else load_model(spec).model
+        with torch.no_grad():
+            for name, p in m.named_parameters():
+                if "norm" in name:
+                    p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
+        g = torch.Generator().manual_seed(3)
+        hist, new = torch.randint(1, 200, (1, 20), generator=g), torch.randint(1, 200, (11,), generator=g)
+        ref, cache = m.new_cache(64), m.new_cache(64)
+        with torch.inference_mode():
+            m(hist, ref)
+            m(hist, cache)
+            want = m(new[None], ref, last=True)[0, -1]
+            buf = torch.randint(1, 200, (1, 16), generator=g)
+            buf[0, :11] = new
+            logits = torch.zeros(m.config.vocab_size)
+            cache.k_cache[:, :, 20:] = 7.0   # a sentinel: what the step writes shows, and where
+            cache.v_cache[:, :, 20:] = 7.0
+            step = fused_prefill_class(m, family_name(m))(m, cache, buf, torch.tensor([10]), logits)
+            got = step().clone()
+            beyond = bool((cache.k_cache[:, :, 36:] == 7).all() and (cache.v_cache[:, :, 36:] == 7).all())
+            written = bool((cache.k_cache[:, :, 31:36] != 7).all() and (cache.v_cache[:, :, 31:36] != 7).all())
+            cache.advance(11)
+            nxt = torch.tensor([[7]])
+            after = m(nxt, cache)[0, -1]
+            after_ref = m(nxt, ref)[0, -1]
+        kv = max(float((a[:, :, :31] - b[:, :, :31]).abs().max())
+                 for a, b in ((cache.k_cache, ref.k_cache), (cache.v_cache, ref.v_cache)))
+        rows.append(dict(spec=spec, step=type(step).__name__, rel_err=float((got - want).norm() / want.norm()),
+                         kv_max_diff=kv, next_rel_err=float((after - after_ref).norm() / after_ref.norm()),
+                         padding_written=written, beyond_untouched=beyond))
+    print(json.dumps(rows))
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] == ["window"]:
+    if sys.argv[1:] == ["prefill"]:
+        prefill_cases()
+    elif sys.argv[1:] == ["window"]:
         window_cases()
     elif sys.argv[1:] == ["attention"]:
         attention_edges()

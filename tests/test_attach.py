@@ -38,7 +38,8 @@ def test_each_file_that_cannot_be_attached_gets_one_line(tiny, tmp_path):
     (tmp_path / "secret.txt").chmod(0)
     hint = "raise --context, up to the model's 2048"
     room = k.session.message_room  # the most tokens one user turn may take
-    need = len(k.session.user_turn(f"```{tmp_path / 'big.txt'}\n{'word ' * 200}\n```\n\n"))
+    body = f"```{tmp_path / 'big.txt'}\n{'word ' * 200}\n```\n\n"
+    need = len(k.session.turn_tokens(body, first=not k.session.exchanges))
     assert need > room
     cases = {
         "missing.txt": "cannot read it (No such file or directory)",

@@ -183,7 +183,7 @@ async def test_the_tui_chats_through_serve_and_shows_the_servers_figures(served)
         await ready(pilot)
         await submit(pilot, "hi there")
         await submit(pilot, "and more")
-        first, second = app.session.history
+        first, second = app.session.turn_stats
         assert replies(app) == [ex.reply for ex in app.session.exchanges]
         assert second.cached_before == first.cache_seqlens > 0
         assert row(app, "cached") == f"{second.cached_before} reused"

@@ -106,7 +106,7 @@ async def test_the_panel_and_the_picker_say_completion_mode(gguf_dir, home):
         assert again.panel.row("mode").value == "completion (base model)"
         assert_invariant(s)
         await submit(pilot, " and more")
-        assert s.history[-1].cached_before == pos
+        assert s.turn_stats[-1].cached_before == pos
         await submit(pilot, "/undo")
         assert_invariant(s)
     notes = {c.label: c.note for c in cached_models()}

@@ -12,7 +12,7 @@ from test_headless import headless
 from test_session import Poison, assert_invariant, assert_transcript, fail_mid_reply, turn_of
 from test_thinking import scripted_qwen3
 
-from chatapp.chat.events import Branched, CacheState, Error, TextDelta, Trimmed
+from chatapp.chat.events import Branched, CacheState, Error, Progress, TextDelta, Trimmed
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.store.database import ChatStore
@@ -34,7 +34,7 @@ def talk(k: ChatKeeper, *users: str) -> None:
 
 
 def edit(k: ChatKeeper, line: str) -> list:
-    return [e for e in k.run_command(line) if not isinstance(e, TextDelta)]
+    return [e for e in k.run_command(line) if not isinstance(e, TextDelta | Progress)]  # the stream's live parts
 
 
 @pytest.fixture
@@ -133,8 +133,8 @@ def test_a_message_trimmed_out_of_the_context_is_refused(tiny):
     for i in range(6):
         trims += [e for e in k.send(f"message {i} says something") if isinstance(e, Trimmed)]
     s = k.session
-    assert trims and s.archive
-    a = len(s.archive)
+    assert trims and s.trimmed
+    a = len(s.trimmed)
     assert edit(k, "/edit 1 new") == [Error(f"/edit: message 1 was trimmed out of the context, so it cannot be "
                                             f"edited in place; messages {a + 1}-{s.turns} can")]
     st = turn_of(edit(k, f"/edit {a + 1} the oldest kept one"))

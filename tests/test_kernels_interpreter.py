@@ -86,3 +86,20 @@ def test_window_prefill_attention_reads_exactly_the_window():
     assert len(rows) == 12 and {r["window"] for r in rows} == {8, -1, 50, 200, 31}
     for r in rows:
         assert r["rel_err"] < 1e-5, r    # fp32 (IEEE products): only the summation order differs
+
+
+def test_fused_prefill_step_matches_eager_over_a_cache():
+    """The captured prefill step's fused kernels (residual + RMSNorm, rotary + cache write with
+    Gemma's head norms, SiLU/GELU * up) for Llama, Qwen2 (q/k/v biases), Gemma 3 (post-norms, an
+    8-key window crossed, q rescaled) and 10 head slots in a 16-row tile: a padded 16-token
+    bucket after 20 cached tokens against the eager forward, fp32, and the next token after it
+    (the padding's K/V, written, are never read; nothing lands past the bucket)."""
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "kernels_interpret.py"), "prefill"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [r["step"] for r in rows] == ["LlamaFusedPrefillStep"] * 2 + ["GemmaFusedPrefillStep",
+                                                                      "LlamaFusedPrefillStep"]
+    for r in rows:
+        assert r["rel_err"] < 1e-5 and r["next_rel_err"] < 1e-5 and r["kv_max_diff"] < 1e-4, r
+        assert r["padding_written"] and r["beyond_untouched"], r   # nothing past the bucket's 16 rows

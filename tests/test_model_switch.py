@@ -122,13 +122,13 @@ def test_another_tokenizer_template_and_a_smaller_context_trim_the_oldest(tiny, 
 
     done = next(e for e in switch(k, str(FIX / "head")) if isinstance(e, ModelSwitched))
     s = k.session
-    assert done.dropped_exchanges > 0 and len(s.archive) == done.dropped_exchanges
+    assert done.dropped_exchanges > 0 and len(s.trimmed) == done.dropped_exchanges
     assert done.exchanges == len(s.exchanges) == 6 - done.dropped_exchanges
     assert s.system == "Be brief." and s.cache.capacity == nano.context_length
     assert s.tokens[s.exchanges[0].start:s.exchanges[0].reply_start] == s.template.user_turn(s.exchanges[0].user,
                                                                                              "Be brief.")
     assert_invariant(s)
-    assert [ex.user for ex in s.archive + s.exchanges] == [m.content for m in before.messages[::2]]
+    assert [ex.user for ex in s.trimmed + s.exchanges] == [m.content for m in before.messages[::2]]
     talk(k, "and now?")
     assert_invariant(s)
     assert store.get(k.chat_id).model == nano.name

@@ -73,9 +73,10 @@ def test_repacked_weights_equal_gguf_dequantization_bit_for_bit(kind, portable):
 
 
 def int16_reference(w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """W x with x rounded to int16 per 32 as the kernels do, in float64."""
+    """W x with x rounded to int16 per 32 as the kernels do (to +-32639, which splits into two
+    signed bytes), in float64."""
     xb = x.reshape(-1, 32).astype(np.float32)
-    d = np.abs(xb).max(axis=1, keepdims=True) / np.float32(32767)
+    d = np.abs(xb).max(axis=1, keepdims=True) / np.float32(32639)
     q = np.rint(xb / np.where(d > 0, d, 1)) * (d > 0)
     return w.astype(np.float64) @ (q * d).reshape(-1).astype(np.float64)
 

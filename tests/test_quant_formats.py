@@ -36,6 +36,15 @@ def portable():
     return lib
 
 
+@pytest.fixture(scope="module")
+def avx2_only():
+    """The AVX2 kernels without VNNI or AVX-512 (what a CPU before them runs): this machine's
+    native build takes the VNNI byte kernels instead, so both are checked."""
+    lib = native.build(["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread"])
+    assert lib is not None and lib.qd_simd() == 1
+    return lib
+
+
 def random_blocks(kind: str, rows: int, cols: int, rng) -> np.ndarray:
     """Every bit pattern of values and sub-scales, with finite fp16 scales of either sign."""
     values, size = GGML_QUANT_SIZES[Q[kind]]
@@ -82,7 +91,7 @@ def test_dequantized_rows_equal_gguf_bit_for_bit(kind, portable):
         want = quants.dequantize(raw, Q[kind]).reshape(raw.shape[0], cols).astype(np.float32)
         assert np.isfinite(want).all()
         assert ql.in_features == cols and ql.out_features == raw.shape[0]
-        for lib in (native.library(), portable):
+        for lib in (native.library(), avx2_only, portable):
             out = torch.empty(raw.shape[0], cols)
             lib.qd_dequant(ql.qw(), out.data_ptr(), 2)
             assert np.array_equal(bits(out.numpy()), bits(want)), (where, lib.qd_simd())
@@ -91,7 +100,7 @@ def test_dequantized_rows_equal_gguf_bit_for_bit(kind, portable):
 
 
 @pytest.mark.parametrize("kind", FILE_TYPES)
-def test_gemv_equals_the_int16_reference(kind, portable):
+def test_gemv_equals_the_int16_reference(kind, portable, avx2_only):
     rng = np.random.default_rng(7)
     for where, raw, cols in sources(kind):
         ql = file_linear(kind, raw, cols)
@@ -99,7 +108,7 @@ def test_gemv_equals_the_int16_reference(kind, portable):
         x = rng.normal(0, 1, cols).astype(np.float32)
         x[5] = 30.0   # an outlier channel, as real hidden states have
         want = int16_reference(w, x)
-        for lib in (native.library(), portable):
+        for lib in (native.library(), avx2_only, portable):
             y = torch.empty(raw.shape[0])
             lib.qd_gemv(ql.qw(), torch.from_numpy(x).data_ptr(), y.data_ptr(), 2)
             # float32 sums of exact integer block products: within float rounding of float64

@@ -27,7 +27,7 @@ def test_a_client_sending_back_the_chat_prefills_only_the_new_message(session):
     assert_invariant(session)
     assert_transcript(session)
     for i in range(3):
-        msgs += [{"role": "assistant", "content": session.history[-1].reply}, {"role": "user", "content": f"q{i}"}]
+        msgs += [{"role": "assistant", "content": session.turn_stats[-1].reply}, {"role": "user", "content": f"q{i}"}]
         pos, pending = session.cache.pos, len(session.tokens) - session.cache.pos
         st = turn_of(session.respond_to(msgs))
         assert st.cached_before == pos  # the whole history reused

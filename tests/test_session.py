@@ -215,7 +215,7 @@ def test_turn_numbers_follow_the_chat(tiny):
     list(s.run_command("/undo"))
     assert s.turns == 2 and turn_of(s.send("again")).turn == 3
     numbers = [turn_of(s.send(f"longer message number {i} to fill the small context")).turn for i in range(6)]
-    assert numbers == [4, 5, 6, 7, 8, 9] and s.archive  # the context was trimmed on the way
+    assert numbers == [4, 5, 6, 7, 8, 9] and s.trimmed  # the context was trimmed on the way
     list(s.run_command("/reset"))
     assert s.turns == 0 and turn_of(s.send("hi")).turn == 1
 
@@ -271,7 +271,7 @@ def fail_mid_reply(events, poison: Poison) -> list:
 def test_a_model_failure_mid_reply_puts_the_chat_back(tiny):
     s = Session(tiny, Settings(temperature=1.0, seed=5, max_new_tokens=16), context=1024)
     run(s.send("first message"))
-    tokens, replies, turns = list(s.tokens), [(e.user, e.reply) for e in s.exchanges], len(s.history)
+    tokens, replies, turns = list(s.tokens), [(e.user, e.reply) for e in s.exchanges], len(s.turn_stats)
     poison = Poison(tiny)
 
     events = fail_mid_reply(s.send("second message"), poison)
@@ -279,7 +279,7 @@ def test_a_model_failure_mid_reply_puts_the_chat_back(tiny):
     assert isinstance(events[-2], CacheState) and events[-2].event == "undone"
     assert isinstance(events[-1], Error) and events[-1].message.startswith("the model failed during this turn")
     assert "\n" not in events[-1].message
-    assert s.tokens == tokens and [(e.user, e.reply) for e in s.exchanges] == replies and len(s.history) == turns
+    assert s.tokens == tokens and [(e.user, e.reply) for e in s.exchanges] == replies and len(s.turn_stats) == turns
     assert_invariant(s)
     assert_transcript(s)
 

@@ -28,7 +28,7 @@ async def test_stop_labels_come_back_with_resume_and_load():
         await ready(pilot)
         endless(app)  # only the length limit or the cancel ends a reply
         await submit(pilot, "one")
-        assert app.session.history[-1].stop == "length"
+        assert app.session.turn_stats[-1].stop == "length"
         events = app.keeper.send("two")  # the keeper's own path, cancelled as Esc cancels it
         for ev in events:
             if isinstance(ev, TextDelta):

@@ -148,7 +148,7 @@ def test_undo_to_nothing_keeps_named_reopened_and_trimmed_chats(tiny, store):
     small = ChatKeeper(Session(tiny, Settings(temperature=0.0, max_new_tokens=6), context=128), store)
     list(small.send("a first message that the next one pushes out of the context"))
     list(small.send("x" * 70))
-    assert small.session.archive and len(small.session.exchanges) == 1
+    assert small.session.trimmed and len(small.session.exchanges) == 1
     list(small.run_command("/undo"))
     archived = store.get(small.chat_id).messages
     assert [m.content for m in archived][0].startswith("a first message") and len(archived) == 2

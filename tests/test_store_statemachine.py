@@ -103,7 +103,7 @@ class ChatMachine(RuleBasedStateMachine):
         assert tokens == s.tokens
         assert [(e.user, e.reply, e.start, e.reply_start, e.end) for e in exchanges] == \
             [(e.user, e.reply, e.start, e.reply_start, e.end) for e in s.exchanges]
-        assert [(e.user, e.reply) for e in archived(chat)] == [(e.user, e.reply) for e in s.archive]
+        assert [(e.user, e.reply) for e in archived(chat)] == [(e.user, e.reply) for e in s.trimmed]
         assert chat.system == s.system and chat.cache_pos == s.cache.pos
         assert chat.settings == {**s.settings.__dict__}
 

@@ -128,7 +128,7 @@ def test_a_whole_template_over_retry_undo_edit_and_trim(models):
         turn_of(events)
         assert_invariant(s)
         assert s.cache.pos <= s.cache.capacity
-    assert trims and s.archive
+    assert trims and s.trimmed
 
 
 def test_headless_two_turns_on_mistrals_template(models, home):

@@ -77,8 +77,8 @@ def test_the_session_splits_thinking_and_shows_the_model_the_official_history(qw
         events = list(s.send(user))
         (st,) = [e for e in events if isinstance(e, TurnStats)]
         deltas = [e for e in events if isinstance(e, TextDelta)]
-        assert "".join(d.text for d in deltas if d.thinking) == "Plan"
-        assert "".join(d.text for d in deltas if not d.thinking) == "Hi!"
+        assert "".join(d.text for d in deltas if d.kind == "thinking") == "Plan"
+        assert "".join(d.text for d in deltas if d.kind == "answer") == "Hi!"
         assert (st.reply, st.thinking, st.stop) == ("Hi!", "Plan", "end")
         # What the model read before this reply: the official template over the chat so far.
         prompt = s.tokens[:s.exchanges[-1].reply_start]
@@ -120,7 +120,7 @@ async def test_the_app_shows_thinking_dimmed_and_folds_it_once_the_answer_starts
         (view,) = reply.query(Thinking)
         assert view.text == "Plan" and view.collapsed and view.body.has_class("thinking")
         assert replies(app) == ["Hi!"]
-        await app.show_history()  # a restored chat is drawn the same way
+        await app.redraw()  # a restored chat is drawn the same way
         (view,) = app.transcript.exchanges[0].reply.query(Thinking)
         assert view.text == "Plan" and replies(app) == ["Hi!"]
 

@@ -103,16 +103,16 @@ async def test_the_panel_shows_the_reprefills_progress_and_the_turns_share():
         await ready(pilot)
         panel, progress = app.panel, app.panel.row("reprefill")
         assert not progress.display  # hidden until a trim refills the cache
-        panel.show_progress(Prefilling(512, 1950))
+        panel.apply(Prefilling(512, 1950))
         assert progress.display and row(app, "reprefill") == "512 / 1950 tokens (trim)"
-        panel.show_progress(Prefilling(1950, 1950))
+        panel.apply(Prefilling(1950, 1950))
         assert not progress.display
-        panel.show_progress(Prefilling(0, 1950))
-        panel.show_progress(CacheState("undone", 0, 2048, 0))  # the turn failed mid-refill: the row goes
+        panel.apply(Prefilling(0, 1950))
+        panel.apply(CacheState("undone", 0, 2048, 0))  # the turn failed mid-refill: the row goes
         assert not progress.display
         st = turn_of(run(app.session.send("hi")))
         st.prefill_tokens, st.reprefilled_tokens = 1975, 1950
-        panel.show_turn(st)
+        panel.apply(st)
         assert row(app, "prefill") == "1975 (1950 by trim)"
 
 

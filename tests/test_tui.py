@@ -25,10 +25,10 @@ async def test_chat_turns_reach_transcript_and_panel():
         assert [w.text for w in app.transcript.query(UserMessage)] == ["hello there"]
         assert replies(app) == [s.exchanges[0].reply] and s.exchanges[0].reply
         assert row(app, "cache_seqlens") == f"{s.cache.pos} / {s.cache.capacity}"
-        first = s.history[-1]
+        first = s.turn_stats[-1]
 
         await submit(pilot, "and again")
-        st = s.history[-1]
+        st = s.turn_stats[-1]
         # Turn 2 prefills only its new tokens: the pending end of reply 1 and its own user turn.
         new = len(s.template.end_reply()) + len(s.template.user_turn("and again"))
         assert st.prefill_tokens == new and st.cached_before == first.cache_seqlens
@@ -68,7 +68,7 @@ async def test_retry_and_undo_move_the_cache_as_the_session_says():
         old_reply = app.transcript.exchanges[1].reply
 
         await submit(pilot, "/retry")
-        assert s.history[-1].cached_before == reply_start - 1  # rewound, one token re-fed for logits
+        assert s.turn_stats[-1].cached_before == reply_start - 1  # rewound, one token re-fed for logits
         assert len(app.transcript.exchanges) == 2 and app.transcript.exchanges[1].reply is not old_reply
         assert replies(app) == [ex.reply for ex in s.exchanges]
         assert row(app, "cache_seqlens") == f"{s.cache.pos} / 2048"
@@ -89,16 +89,16 @@ async def test_undo_takes_the_undone_turn_off_the_panel():
         await submit(pilot, "one")
         await submit(pilot, "two")
         await submit(pilot, "/retry")
-        first, retried = s.history[0], s.history[-1]
+        first, retried = s.turn_stats[0], s.turn_stats[-1]
         await submit(pilot, "three")
-        assert app.query_one("#history", Sparkline).data == [st.prefill_tokens for st in s.history]
+        assert app.query_one("#history", Sparkline).data == [st.prefill_tokens for st in s.turn_stats]
 
         await submit(pilot, "/undo")
         assert row(app, "prefill") == f"{retried.prefill_tokens} new"
         assert row(app, "cached") == f"{retried.cached_before} reused"
         assert row(app, "ttft") == human_ms(retried.ttft_ms)
         assert row(app, "speed") == f"{retried.tokens_per_s:.1f} tok/s"
-        assert app.query_one("#history", Sparkline).data == [st.prefill_tokens for st in s.history[:3]]
+        assert app.query_one("#history", Sparkline).data == [st.prefill_tokens for st in s.turn_stats[:3]]
 
         await submit(pilot, "/undo")  # turn two goes with both of its replies
         assert row(app, "prefill") == f"{first.prefill_tokens} new"
@@ -110,8 +110,8 @@ async def test_undo_takes_the_undone_turn_off_the_panel():
         assert app.query_one("#history", Sparkline).data == []
 
         await submit(pilot, "again")
-        assert row(app, "prefill") == f"{s.history[-1].prefill_tokens} new"
-        assert app.query_one("#history", Sparkline).data == [s.history[-1].prefill_tokens]
+        assert row(app, "prefill") == f"{s.turn_stats[-1].prefill_tokens} new"
+        assert app.query_one("#history", Sparkline).data == [s.turn_stats[-1].prefill_tokens]
 
 
 async def test_escape_cancels_and_the_next_turn_continues_from_the_partial_reply():
@@ -127,14 +127,14 @@ async def test_escape_cancels_and_the_next_turn_continues_from_the_partial_reply
         await until(pilot, lambda: app.batches > 0, what="the first streamed text")
         await pilot.press("escape")
         await until(pilot, lambda: not app.busy, what="the cancelled turn to end")
-        st = s.history[-1]
+        st = s.turn_stats[-1]
         assert st.stop == "cancel" and st.decode_tokens > 0  # "cancel" only comes from Esc
         reply = app.transcript.exchanges[0].reply
         assert reply.text == s.exchanges[0].reply and reply.border_subtitle == "stopped (Esc)"
 
         await submit(pilot, "/set max_new_tokens=8")
         await submit(pilot, "go on")  # still usable, and the partial reply stayed in the cache
-        assert s.history[-1].cached_before == st.cache_seqlens
+        assert s.turn_stats[-1].cached_before == st.cache_seqlens
         assert row(app, "cache_seqlens") == f"{s.cache.pos} / 1024"
 
 
@@ -291,12 +291,21 @@ async def test_transcript_follows_the_reply_until_the_user_scrolls_up():
 
 
 async def test_panel_updates_while_the_model_writes():
-    # The SmolLM2 shape (random weights) writes slowly enough on a CPU to watch, where
-    # random:tiny can fill its whole context before the panel's first refresh.
+    """From the worker's Progress events: the UI thread never reads the session, and no timer polls it.
+    The SmolLM2 shape (random weights) writes slowly enough on a CPU to watch, where random:tiny
+    can fill its whole context before the panel's first update."""
+    import threading
+
     app = make_app("--model", "random:smollm2-135m", "--max-new-tokens", "100000", "--temperature", "0")
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         endless(app)
+        readers, stats = set(), app.session.stats
+
+        def watched_stats() -> dict:  # the real figures, noting which thread asked
+            readers.add(threading.current_thread() is threading.main_thread())
+            return stats()
+        app.session.stats = watched_stats
         await pilot.press(*"go", "enter")
         await until(pilot, lambda: app.batches > 0)
         seen = set()
@@ -309,6 +318,8 @@ async def test_panel_updates_while_the_model_writes():
         await pilot.press("escape")
         await until(pilot, lambda: not app.busy)
         assert len(seen) >= 3, seen
+        assert readers == {False}  # read once, by the worker, for the figures it ends the turn with
+        assert row(app, "cache_seqlens") == f"{app.session.cache.pos} / {app.session.cache.capacity}"
 
 
 async def test_palette_runs_commands():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from chatapp.chat.events import Error, TextDelta, ToolCall, TurnStats
 from chatapp.tui.bridge import Gate, SessionEvent, TextBatch, TurnFinished, pump
-from chatapp.tui.transcript import ToolMarkup
 
 
 class Clock:
@@ -89,15 +88,14 @@ def test_other_events_pass_through_untouched():
     assert [type(m) for m in posted] == [SessionEvent, TurnFinished] and posted[0].event is st
 
 
-MARKERS = {n: f"<|{n}|>" for n in ("python_start", "python_end", "output_start", "output_end")}
-
-
-def test_tool_spans_are_cut_out_of_the_visible_text():
-    m = ToolMarkup(MARKERS)
-    assert m.feed("Let me compute. <|python_start|>12*") == ["Let me compute. ", None]
-    assert m.feed("7<|python_end|>") == []
-    assert m.feed("<|output_start|>84<|output_end|> So it is 84.") == [None, " So it is 84."]
-
-
-def test_without_tool_tokens_nothing_is_hidden():
-    assert ToolMarkup(None).feed("a <|python_start|> b") == ["a <|python_start|> b"]
+def test_a_batch_holds_one_kind_of_text():
+    """Kinds change mid-stream (thinking, answer, a tool span): each batch is one kind, in order."""
+    posted = []
+    deltas = [TextDelta("Pl", "thinking"), TextDelta("an", "thinking"), TextDelta("Let me ", "answer"),
+              TextDelta("<|python_start|>12*7<|python_end|>", "tool_call"),
+              TextDelta("<|output_start|>84<|output_end|>", "tool_result"), TextDelta(" ok", "answer")]
+    pump(iter(deltas), posted.append, Gate())  # never drawn: after the first, only a kind change flushes
+    batches = [(m.kind, m.text) for m in posted if isinstance(m, TextBatch)]
+    assert batches == [("thinking", "Pl"), ("thinking", "an"), ("answer", "Let me "),
+                       ("tool_call", "<|python_start|>12*7<|python_end|>"),
+                       ("tool_result", "<|output_start|>84<|output_end|>"), ("answer", " ok")]

@@ -13,7 +13,7 @@ from textual import events
 from tui_pilot import endless, make_app, notices, ready, submit, until
 
 import chatapp.tui.input as chat_input
-from chatapp.chat.clip import reply_text
+from chatapp.chat.kinds import Part, answer_text
 from chatapp.tui.transcript import UserMessage
 
 SIZE = (120, 40)
@@ -41,7 +41,7 @@ async def test_ctrl_y_and_copy_n_put_a_reply_on_the_clipboard():
         await submit(pilot, "hello")
         await submit(pilot, "again")
         s = app.session
-        first, last = (reply_text(s.template, s.tok, ex.reply) for ex in s.exchanges)
+        first, last = (answer_text(s.reply_parts(ex)) for ex in s.exchanges)
         done = app.inputs_done
         await pilot.press("ctrl+y")
         await until(pilot, lambda: app.inputs_done > done, what="Ctrl+Y's /copy")
@@ -62,7 +62,7 @@ async def test_the_code_cursor_selects_and_copies_code_blocks():
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         t = app.transcript
-        await t.add_exchange("show me code", CODE_REPLY, [])
+        await t.add_exchange("show me code", [Part("answer", CODE_REPLY)], [])
         await pilot.pause()
         await pilot.press("c")  # the input box has focus: a plain letter
         assert app.input.text == "c" and app.clipboard == ""

@@ -51,11 +51,11 @@ async def test_a_long_prefill_shows_its_progress_and_the_turn_in_flight():
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         gen, real_prefill = app.session.gen, app.session.gen.prefill
+        gen.prefill_chunk = 32  # the session prefills (and reports progress) a chunk at a time
 
-        def slow_prefill(ids: list[int]) -> None:   # the real prefill, piece by piece
-            for i in range(0, len(ids), 32):
-                real_prefill(ids[i:i + 32])
-                time.sleep(0.05)
+        def slow_prefill(ids: list[int]) -> None:   # the real prefill, slowed down
+            real_prefill(ids)
+            time.sleep(0.05)
         gen.prefill = slow_prefill
         words = " ".join(f"w{i}" for i in range(200))
         assert 700 < len(app.session.tok.encode(words)) < app.session.message_room
@@ -63,7 +63,6 @@ async def test_a_long_prefill_shows_its_progress_and_the_turn_in_flight():
         await pilot.press("enter")
         seen, end = [], time.monotonic() + 60
         while (app.busy or not seen) and time.monotonic() < end:
-            app.refresh_panel()  # the panel's timer, called as often as the test can
             for bar in app.transcript.query(LoadStatus):
                 section = app.panel.query_one("#turn-section").render()
                 seen.append((str(bar.note.render()), row(app, "prefill"), section))

@@ -43,7 +43,7 @@ async def test_up_then_ctrl_e_edits_the_recalled_message_and_keeps_the_old_conti
         await pilot.pause()
         assert shown(app) == ["one", "deux"] and len(replies(app)) == 2 and not selected(app)
         assert box.editing is None and not box.border_title and box.text == ""
-        st = s.history[-1]
+        st = s.turn_stats[-1]
         assert (st.turn, st.cached_before) == (2, start)
         assert row(app, "cached") == f"{start} reused"
         assert row(app, "turns").startswith("2, ")  # the figures of turns 2 and 3 went with them

@@ -40,7 +40,7 @@ async def test_tool_calls_are_shown_apart_from_the_reply():
         assert app.session.exchanges[0].reply.endswith("<|output_start|>84<|output_end|> ok")
         assert row(app, "cache_seqlens") == f"{app.session.cache.pos} / {app.session.cache.capacity}"
 
-        await app.show_history()  # a restored chat is drawn the same way
+        await app.redraw()  # a restored chat is drawn the same way
         (view,) = app.transcript.exchanges[0].reply.query(ToolCallView)
         assert view.call == ToolCall("12*7", "84") and replies(app) == [" ok"]
 
@@ -55,9 +55,9 @@ async def test_the_default_model_chats_in_the_app(pulled, monkeypatch):
         assert row(app, "model") == s.lm.name and s.lm.name != "random:tiny"
         await submit(pilot, "What is the capital of France?", timeout=300)
         assert "Paris" in replies(app)[0]
-        first = s.history[-1]
+        first = s.turn_stats[-1]
         await submit(pilot, "Thanks!", timeout=300)
-        st = s.history[-1]
+        st = s.turn_stats[-1]
         assert st.cached_before == first.cache_seqlens
         assert st.prefill_tokens == len(s.template.end_reply()) + len(s.template.user_turn("Thanks!"))
         assert row(app, "cache_seqlens") == f"{s.cache.pos} / {s.cache.capacity}"
@@ -97,7 +97,7 @@ async def test_a_full_context_drops_old_exchanges_and_says_so():
         warnings = notices(app, "warning")
         # the context is cut to half of it, so the next re-prefill is half a context away
         assert warnings and all(w.startswith("Context full: dropped the ") and " ms." in w for w in warnings)
-        dropped = [w.text for w in app.transcript.query(UserMessage) if w.has_class("dropped")]
-        assert dropped == [ex.user for ex in app.session.archive] and dropped[0] == "first message"
+        dropped = [w.text for w in app.transcript.query(UserMessage) if w.has_class("trimmed")]
+        assert dropped == [ex.user for ex in app.session.trimmed] and dropped[0] == "first message"
         assert [ex.user.text for ex in app.transcript.exchanges] == [ex.user for ex in app.session.exchanges]
         assert row(app, "cache_seqlens") == f"{app.session.cache.pos} / 160"

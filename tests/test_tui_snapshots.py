@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from tui_pilot import make_app, ready, submit, until
 
+from chatapp.chat.kinds import Part
 from chatapp.tui.screens import ErrorScreen
 from chatapp.tui.transcript import chat_markdown
 
@@ -68,7 +69,7 @@ def test_a_reply_keeps_its_single_line_breaks(snap_compare):
 
     async def show(pilot):
         await ready(pilot)
-        await pilot.app.transcript.add_exchange("the primary colours?", REPLY, [])
+        await pilot.app.transcript.add_exchange("the primary colours?", [Part("answer", REPLY)], [])
         await pilot.pause()
 
     assert snap_compare(make_app(*GREEDY, stable=True), terminal_size=(120, 44), run_before=show)

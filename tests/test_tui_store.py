@@ -53,7 +53,7 @@ async def test_chats_screen_reopens_a_chat_with_its_cache_from_the_snapshot():
         assert any(f"Opened chat #{first_id}" in n for n in notices(app))
 
         await submit(pilot, "first chat, three")
-        assert s.history[-1].cached_before == pos  # the next turn costs only its new tokens
+        assert s.turn_stats[-1].cached_before == pos  # the next turn costs only its new tokens
 
 
 async def test_save_with_a_title_then_resume_in_a_new_app():
@@ -89,14 +89,14 @@ async def test_resume_shows_trimmed_exchanges_dimmed():
         await ready(pilot)
         for m in msgs:
             await submit(pilot, m)
-        assert app.session.archive  # the context was trimmed on the way
+        assert app.session.trimmed  # the context was trimmed on the way
         kept = len(app.session.exchanges)
 
     app = make_app("--resume", "--context", "160", "--max-new-tokens", "8")
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await until(pilot, lambda: users(app) == msgs, what="the whole chat on screen")
-        dimmed = [w.has_class("dropped") for w in app.transcript.query(UserMessage)]
+        dimmed = [w.has_class("trimmed") for w in app.transcript.query(UserMessage)]
         assert dimmed == [True] * (len(msgs) - kept) + [False] * kept
 
 
@@ -139,7 +139,7 @@ async def test_undo_or_retry_into_an_opened_chat_takes_back_the_restore_line():
         await submit(pilot, f"/load {first}")
         assert restore_line(app).startswith("restored ")
         await submit(pilot, "y" * 150)  # the context is full: everything kept is re-prefilled
-        assert s.archive and restore_line(app) == ""
+        assert s.trimmed and restore_line(app) == ""
 
 
 async def test_a_chat_undone_to_nothing_leaves_the_chats_list_and_the_next_message_starts_one():

@@ -54,7 +54,7 @@ async def test_palette_picker_and_model_command_switch_with_progress_and_a_new_h
         assert replies(app) == first_reply  # the transcript is the same chat
         assert_invariant(s)
         await submit(pilot, "and on the new model?")
-        assert len(replies(app)) == 2 and s.history[-1].cached_before == s.exchanges[0].end
+        assert len(replies(app)) == 2 and s.turn_stats[-1].cached_before == s.exchanges[0].end
 
         await submit(pilot, "/model no/such/dir")
         assert app.session is s and notices(app, "error")[-1].endswith("still on random:tiny-qwen3")

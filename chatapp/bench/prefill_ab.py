@@ -1,11 +1,12 @@
 """Same-run A/B of the CUDA prefill engines (issue 23): `python -m chatapp.bench.prefill_ab [SPEC ...]`.
 
 Per model: prompt tok/s at 512 and 8,192 tokens for the eager forward in 512-token chunks (the
-engine before), the eager forward in one 8,192-token chunk, and captured graphs with the largest
-bucket at 512, 2,048 and as memory allows (the default); the TTFT of a 100-token turn after 4,000
-tokens (eager 512-chunks against the default); decode tok/s at 512 with the default engine; and
-one chunk's measured activation bytes a token against the bound `activation_bytes_per_token` that
-sizes chunks. Prints a table; the JSON line last.
+engine before), the eager forward in one 8,192-token chunk, captured graphs with the largest
+bucket at 512, 2,048 and as memory allows, of the model's own modules ("graphs-modules") and of
+the fused step (the default); the TTFT of a 100-token turn after 4,000 tokens (eager 512-chunks,
+graphs of modules and the default); decode tok/s at 512 with the default engine; and one chunk's
+measured activation bytes a token against the bound `activation_bytes_per_token` that sizes
+chunks. Prints a table; the JSON line last.
 """
 
 from __future__ import annotations
@@ -53,12 +54,13 @@ def one(spec: str) -> dict:
     engines = {"eager512": dict(prefill_chunk=512, graphs=GraphConfig(prefill=False)),
                "eager-8192": dict(prefill_chunk=8192, graphs=GraphConfig(prefill=False))}
     engines.update({f"graphs<={b}": dict(graphs=GraphConfig(prefill_bucket=b)) for b in (512, 2048)})
+    engines["graphs-modules"] = dict(graphs=GraphConfig(prefill_fused=False))  # the default before the fused step
     engines["graphs"] = dict(graphs=GraphConfig())
     for name, kw in engines.items():
         cache.reset()  # a decode graph cannot be captured over a full cache
         gen = Generator(lm.model, cache, v, **kw)
         row[name] = {f"pp{n}": rate(gen, n) for n in (512, 8192)}
-        if name in ("eager512", "graphs"):
+        if name in ("eager512", "graphs-modules", "graphs"):
             row[name]["turn_ttft_ms"] = turn_ttft_ms(gen, 7)["ttft_ms"]
         if name == "graphs":
             row[name]["decode512_tok_s"] = decode_at(gen, 512, 128)["tok_s"]

@@ -29,14 +29,16 @@ def graph_step_us(graphs, reps: int = 200) -> float:
     return start.elapsed_time(end) * 1000 / reps
 
 
-def kernel_table(graphs, steps: int = 5, top: int = 12) -> list[dict]:
-    """Per-token kernel time by kernel name (eager launches of the captured step's code)."""
+def kernel_table(graphs, steps: int = 5, top: int = 12, step=None) -> list[dict]:
+    """Per-token kernel time by kernel name (eager launches of the captured step's code);
+    `step`: another capturable callable (a prefill bucket's step), per call."""
+    step = step or graphs.step
     with torch.inference_mode():
-        graphs.step()
+        step()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(steps):
-                graphs.step()
+                step()
             torch.cuda.synchronize()
     per: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for ev in prof.events():
@@ -54,4 +56,31 @@ def kernel_table(graphs, steps: int = 5, top: int = 12) -> list[dict]:
 def print_profile(name: str, gpu_us: float, rows: list[dict]) -> None:
     print(f"profile {name}: graph replay {gpu_us:.1f} µs/token of GPU time; kernels per token:")
     for r in rows:
+        print(f"  {r['kernel']:<60} {r['per_token']:6.1f}x {r['us_per_token']:9.1f} µs")
+
+
+def prefill_bucket_profile(gen, bucket: int = 512, reps: int = 50) -> dict:
+    """A prefill bucket's GPU time (its graph replayed back to back on an empty cache: the step
+    does not advance it) and its kernels, per replay."""
+    pg = gen.prefill_graphs
+    gen.cache.reset()
+    gen.forget()
+    gen.prefill([1000] * bucket)   # captures the bucket
+    gen.cache.reset()
+    graph = pg.graphs[bucket]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    rows = kernel_table(None, steps=3, top=10, step=pg.steps[bucket])
+    return {"bucket": bucket, "step": pg.kind, "replay_us": start.elapsed_time(end) * 1000 / reps, "kernels": rows}
+
+
+def print_prefill_profile(p: dict) -> None:
+    print(f"prefill bucket {p['bucket']} ({p['step']} step): graph replay {p['replay_us']:.0f} µs of GPU time; "
+          "kernels per replay (eager launches of the same step):")
+    for r in p["kernels"]:
         print(f"  {r['kernel']:<60} {r['per_token']:6.1f}x {r['us_per_token']:9.1f} µs")

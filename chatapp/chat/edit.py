@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from chatapp.chat.events import Event
+from chatapp.chat.undoable import undoable
 from model.errors import UserError
 
 if TYPE_CHECKING:  # the session imports nothing from here: no cycle, only the type
@@ -44,7 +45,7 @@ def parse_edit(arg: str) -> tuple[int, str]:
 def exchange_index(session: Session, n: int) -> int:
     """Where message `n` (1-based, trimmed ones counted) is in `session.exchanges`; UserError
     when there is no such message in the context."""
-    archived, total = len(session.archive), session.turns
+    archived, total = len(session.trimmed), session.turns
     if total == 0:
         raise UserError("/edit: no message to edit yet")
     if not 1 <= n <= total:
@@ -65,13 +66,14 @@ def check_edit(session: Session, arg: str) -> tuple[int, str, list[int]]:
 
 def rewind_and_send(session: Session, n: int, text: str, new: list[int]) -> Iterator[Event]:
     """Cut the chat back to the start of message `n` and send `text` there. A model failure
-    puts the whole chat back as it was before the edit (Session._undoable)."""
+    puts the whole chat back as it was before the edit (chat/undoable.py)."""
     i = exchange_index(session, n)
 
     def turn() -> Iterator[Event]:
         start = session.exchanges[i].start
         session.truncate(start)
         del session.exchanges[i:]
+        session.forget_turn_stats()
         yield session.state("edit", f"rewound to message {n}: {session.cache.pos} tokens stay cached")
         yield from session.turn(text, new)
-    yield from session._undoable(turn())
+    yield from undoable(session, turn())

@@ -11,11 +11,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+# What a reply's text is (chatapp/chat/kinds.py): the answer, its thinking block (Qwen3's
+# <think>, markers left out), or nanochat's calculator call and the output forced after it
+# (those two keep their marker tokens' text: it is what the model wrote).
+TextKind = Literal["answer", "thinking", "tool_call", "tool_result"]
+
 
 @dataclass
 class TextDelta:
     text: str
-    thinking: bool = False   # part of the reply's thinking block (Qwen3's <think>), not its answer
+    kind: TextKind = "answer"
 
 
 @dataclass
@@ -49,7 +54,9 @@ class TurnStats:
 @dataclass
 class Trimmed:
     """The context was full: the oldest exchanges left it and what is kept was re-prefilled
-    (chat/trim.py), as part of the turn that follows (its TurnStats count this in)."""
+    (chat/trim.py), as part of the turn that follows (its TurnStats count this in). The chat
+    calls them trimmed (`Session.trimmed`, dimmed in the TUI); the JSON keeps its `dropped_*`
+    field names, which scripts read."""
 
     dropped_exchanges: int
     dropped_tokens: int
@@ -72,6 +79,44 @@ class Prefilling:
     event: str = "prefill"
 
 
+@dataclass
+class Memory:
+    """The process's memory (chat/memory.py reads it): RSS, and on CUDA the allocator's figures."""
+
+    rss: int
+    cuda_allocated: int | None = None
+    cuda_reserved: int | None = None
+
+
+@dataclass
+class Progress:
+    """A turn in flight, from the worker that runs it: after each prefill chunk, and at most
+    every `chat/reply.py`'s PROGRESS_S while decoding. What a face shows live (the TUI's panel
+    and prefill bar); headless mode skips it."""
+
+    phase: Literal["prefill", "decode"]
+    done: int                # prefill: this turn's pending tokens now in the cache; decode: tokens written
+    total: int               # prefill: the tokens this turn prefills; decode: max_new_tokens
+    elapsed_s: float         # since the reply started (its prefill)
+    cache_seqlens: int
+    capacity: int
+    kv_bytes_used: int
+    memory: Memory
+    event: str = "progress"
+
+
+@dataclass
+class SessionFigures:
+    """The session's figures as the worker leaves them after an input (a turn, a command, a
+    load): its /stats, the process's memory, and the chat's per-turn figures (the session's one
+    list, copied). What the TUI's panel shows between turns; headless mode never sees it."""
+
+    stats: dict
+    memory: Memory
+    turns: list[TurnStats] = field(default_factory=list)
+    event: str = "figures"
+
+
 # What moved the cache: a new chat, retry's rewind, an undone exchange, a new system prompt,
 # a turn the model failed in, put back as it was before it, or /edit's rewind to an earlier message.
 CacheStep = Literal["reset", "retry", "undo", "system", "undone", "edit"]
@@ -86,6 +131,16 @@ class CacheState:
     capacity: int
     tokens: int              # conversation tokens (cached + pending)
     detail: str = ""
+
+
+@dataclass
+class Ready:
+    """Headless mode's first line: the chat is open. Its JSON is one flat object: the session's
+    /stats figures, then what the keeper says of the chat (store, chat id, title, restore)."""
+
+    figures: dict
+    chat: dict = field(default_factory=dict)
+    event: str = "ready"
 
 
 @dataclass
@@ -198,10 +253,12 @@ class ModelSwitched:
 
 
 Event = (TextDelta | ToolCall | TurnStats | Trimmed | CacheState | Info | Error | Quit | Saved | Restored
-         | Prefilling | Branched | Copied | ModelSwitched)
+         | Prefilling | Branched | Copied | ModelSwitched | Ready | Progress | SessionFigures)
 
 
 def to_json(ev: Event) -> dict:
+    if isinstance(ev, Ready):  # flat, as its line has always been
+        return {"event": ev.event, **ev.figures, **ev.chat}
     d = dataclasses.asdict(ev)
     d = {"event": d.pop("event"), **d}
     if isinstance(ev, (TurnStats,)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from chatapp.chat.events import ToolCall
+from chatapp.chat.kinds import Part
 
 
 @dataclass
@@ -18,3 +19,4 @@ class Exchange:
     reply: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     stop: str = ""           # why the reply ended (TurnStats.stop); kept by the store, shown on reload
+    parts: list[Part] = field(default_factory=list)  # the reply by kind as it streamed; [] when known as text only

@@ -16,12 +16,15 @@ cost a re-prefill of the reply for nothing); any other reply is encoded from its
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from chatapp.chat import whole
+from chatapp.chat.commands import is_text
+from chatapp.chat.events import Error, Event
 from chatapp.chat.exchange import Exchange
+from chatapp.chat.undoable import undoable
 from model.chat_formats.whole import Rendered
 from model.errors import UserError
 
@@ -73,10 +76,11 @@ def known_reply(s: Session, i: int, user: str, reply: str) -> Exchange | None:
     ex = s.exchanges[i]
     if ex.user != user or ex.end < 0:
         return None
+    # a client's reply is text alone (no token ids, no kinds): the template's own split of ours is what it shows
     return ex if reply in (ex.reply, s.template.split_thinking(ex.reply)[1]) else None
 
 
-def history(s: Session, conv: Conversation) -> tuple[list[int], list[Exchange]]:
+def replayed(s: Session, conv: Conversation) -> tuple[list[int], list[Exchange]]:
     """The token list and exchanges the session would hold after building `conv.pairs` turn by
     turn (the last reply as generated and closed, the earlier ones in their history form)."""
     t = s.template
@@ -106,12 +110,12 @@ def adopt_history(s: Session, conv: Conversation) -> None:
     if whole.is_whole(s):
         adopt_whole(s, conv)
         return
-    tokens, exchanges = history(s, conv)
+    tokens, exchanges = replayed(s, conv)
     keep = whole.common_prefix(s.tokens[:s.cache.pos], tokens)
     s.truncate(keep)
     s.settings.system = conv.system
-    s.tokens, s.exchanges, s.archive = tokens, exchanges, []
-    s.history = [st for st in s.history if st.turn <= len(exchanges)]
+    s.tokens, s.exchanges, s.trimmed = tokens, exchanges, []
+    s.turn_stats = [st for st in s.turn_stats if st.turn <= len(exchanges)]
 
 
 def adopt_whole(s: Session, conv: Conversation) -> None:
@@ -123,7 +127,27 @@ def adopt_whole(s: Session, conv: Conversation) -> None:
         pairs.append((user, ex.reply if ex else reply, whole.reply_ids(s, ex) if ex else None))
         exchanges.append(Exchange(user, -1, -1, -1, ex.reply if ex else reply, list(ex.tool_calls) if ex else []))
     s.settings.system = conv.system
-    s.archive = []
+    s.trimmed = []
     rendered = s.template.render(s.system, pairs, None) if pairs else Rendered(s.template.start(s.system), [])
     whole.adopt(s, rendered, exchanges)
-    s.history = [st for st in s.history if st.turn <= len(exchanges)]
+    s.turn_stats = [st for st in s.turn_stats if st.turn <= len(exchanges)]
+
+
+def respond_to(s: Session, messages: list[dict]) -> Iterator[Event]:
+    """`Session.respond_to`: the history becomes `messages` (refused whole, nothing moved, if
+    they cannot be), then the last user message is sent as a turn."""
+    saved = (list(s.tokens), list(s.exchanges), list(s.trimmed), s.settings.system)
+    try:
+        conv = parse_messages(messages)
+        if not conv.user.strip() or not is_text(conv.user):  # refused before anything moves
+            s.user_tokens(conv.user.strip(), first=False)
+        adopt_history(s, conv)
+        new = s.user_tokens(conv.user.strip(), first=not s.exchanges)
+    except UserError as e:
+        # the cache holds a prefix the old and new token lists share: the old one is valid
+        s.tokens, s.exchanges, s.trimmed, s.settings.system = saved
+        yield Error(str(e))
+        return
+    s.cancel_flag.clear()
+    yield from undoable(s, s.turn(conv.user.strip(), new))
+

@@ -3,7 +3,7 @@
 INVARIANT (docs/cache-invariant.md): the cache holds exactly the K/V of
 `tokens[:cache.pos]`; `tokens[cache.pos:]` are pending and get prefilled at the start of
 the next generation. `tokens` always equals the chat template rendered over the
-exchanges in the context, piece by piece (a trim moves the oldest to `archive`, text
+exchanges in the context, piece by piece (a trim moves the oldest to `trimmed`, text
 only); a reply takes the form the template gives it in the history when the next user
 message comes (Qwen3 drops its thinking: docs/chat-formats.md). Every method below leaves
 that true when it returns or yields.
@@ -12,25 +12,22 @@ that true when it returns or yields.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Generator as Yields
 from collections.abc import Iterator
-from dataclasses import replace
 
-from chatapp.chat import trim, whole
+from chatapp.chat import reply, respond, trim, whole
 from chatapp.chat.attach import PASTED, Attachment, Attachments, Budget, file_command
-from chatapp.chat.clip import pick_reply, reply_text
+from chatapp.chat.clip import pick_reply
 from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
-from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, TextDelta, Trimmed, TurnStats
+from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, SessionFigures, Trimmed, TurnStats
 from chatapp.chat.exchange import Exchange
-from chatapp.chat.figures import stats_line, weights_format
-from chatapp.chat.respond import adopt_history, parse_messages
+from chatapp.chat.figures import stats_line
+from chatapp.chat.kinds import Part, answer_text, stored_parts
+from chatapp.chat.memory import read_memory
 from chatapp.chat.settings import Settings, set_command
-from chatapp.chat.tools import ToolRunner
-from model.chat_formats.completion import MODE as COMPLETION_MODE
+from chatapp.chat.stats import session_stats
+from chatapp.chat.undoable import undoable
 from model.chat_formats.whole import Rendered
 from model.decode.generate import Generator
-from model.decode.sampling import SamplingConfig
 from model.errors import UserError
 from model.loading import LoadedModel
 
@@ -44,9 +41,9 @@ class Session:
         self.check_system_fits(self.system)
         self.gen = Generator(lm.model, self.cache, self.tok.vocab_size)
         self.cancel_flag = threading.Event()
-        self.history: list[TurnStats] = []
+        self.turn_stats: list[TurnStats] = []
         self.exchanges: list[Exchange] = []
-        self.archive: list[Exchange] = []  # trimmed out of the context: kept for the transcript and the store
+        self.trimmed: list[Exchange] = []  # trimmed out of the context: kept for the transcript and the store
         self.tokens: list[int] = []
         self.attached = Attachments()  # /file and large pastes: they go with the next message
         self.reset()
@@ -61,7 +58,7 @@ class Session:
     def turns(self) -> int:
         """Exchanges in this chat, trimmed ones included: a retry regenerates a turn, /undo and
         /reset remove them."""
-        return len(self.archive) + len(self.exchanges)
+        return len(self.trimmed) + len(self.exchanges)
 
     @property
     def prefix_len(self) -> int:
@@ -86,21 +83,21 @@ class Session:
         self.gen.forget()
         self.tokens = self.template.start(self.system)
         self.exchanges = []
-        self.archive = []
-        self.history = []  # turn figures belong to the chat they were measured in
+        self.trimmed = []
+        self.turn_stats = []  # turn figures belong to the chat they were measured in
 
-    def adopt(self, tokens: list[int], exchanges: list[Exchange], archive: list[Exchange] = ()) -> None:
+    def adopt(self, tokens: list[int], exchanges: list[Exchange], trimmed: list[Exchange] = ()) -> None:
         """Take over a stored conversation with an empty cache: every token is pending, so the
         invariant holds; the store then refills the cache (snapshot or prefill, chatapp/restore.py)."""
         self.cache.reset()
         self.gen.forget()
-        self.tokens, self.exchanges, self.archive = list(tokens), list(exchanges), list(archive)
-        self.history = []
+        self.tokens, self.exchanges, self.trimmed = list(tokens), list(exchanges), list(trimmed)
+        self.turn_stats = []
 
     def fit(self) -> list[Trimmed]:
         """After `adopt` of a conversation made for a longer context (/model): drop the oldest
         exchanges, as a full context does, until a reply fits. A trim refills the cache."""
-        return [ev for ev in self._make_room(0) if isinstance(ev, Trimmed)]
+        return [ev for ev in trim.make_room(self, 0) if isinstance(ev, Trimmed)]
 
     def truncate(self, n: int) -> None:
         """Cut the token list to n tokens, rewinding the cache if it held more."""
@@ -108,6 +105,10 @@ class Session:
         if self.cache.pos > n:
             self.cache.rewind(n)
             self.gen.forget()
+
+    def forget_turn_stats(self) -> None:
+        """The figures of turns no longer in the chat (/undo, /edit) leave its list with them."""
+        self.turn_stats = [st for st in self.turn_stats if st.turn <= self.turns]
 
     def state(self, event: str, detail: str = "") -> CacheState:
         return CacheState(event, self.cache.pos, self.cache.capacity, len(self.tokens), detail)
@@ -130,7 +131,7 @@ class Session:
         def turn() -> Iterator[Event]:
             yield from self.turn(text, new)
             self.attached.clear()  # sent with this message (one the model failed on keeps them)
-        yield from self._undoable(turn())
+        yield from undoable(self, turn())
 
     def respond_to(self, messages: list[dict]) -> Iterator[Event]:
         """An OpenAI-style message list (an optional system message, then user and assistant
@@ -138,20 +139,7 @@ class Session:
         rewinding the cache to the longest token prefix it shares with them
         (chatapp/chat/respond.py), and the last user message is sent as a turn. The events
         are `send`'s: `cached_before` is the prefix reused, `prefill_tokens` what was not."""
-        saved = (list(self.tokens), list(self.exchanges), list(self.archive), self.settings.system)
-        try:
-            conv = parse_messages(messages)
-            if not conv.user.strip() or not is_text(conv.user):  # refused before anything moves
-                self.user_tokens(conv.user.strip(), first=False)
-            adopt_history(self, conv)
-            new = self.user_tokens(conv.user.strip(), first=not self.exchanges)
-        except UserError as e:
-            # the cache holds a prefix the old and new token lists share: the old one is valid
-            self.tokens, self.exchanges, self.archive, self.settings.system = saved
-            yield Error(str(e))
-            return
-        self.cancel_flag.clear()
-        yield from self._undoable(self.turn(conv.user.strip(), new))
+        yield from respond.respond_to(self, messages)
 
     def user_tokens(self, text: str, first: bool) -> list[int]:
         """The tokens a user message adds (with the system prompt folded in when it is the
@@ -161,63 +149,37 @@ class Session:
             raise UserError("empty message")
         if not is_text(text):
             raise UserError("message is not valid Unicode (it holds a lone surrogate); nothing was sent")
-        new = self.template.user_turn(text, self.system if first else "")
+        new = self.turn_tokens(text, first)
         room = self.message_room
         if len(new) > room:
             raise UserError(f"message too long: {len(new)} tokens, the context holds {room} after the "
                             f"system prompt ({self.room_hint()})")
         return new
 
+    def turn_tokens(self, text: str, first: bool) -> list[int]:
+        """The template's tokens for a user message, unchecked (a /file's size is measured with it)."""
+        return self.template.user_turn(text, self.system if first else "")
+
     def turn(self, text: str, new: list[int]) -> Iterator[Event]:
-        """The turn for a message `user_tokens` gave `new` for; run it inside `_undoable`."""
+        """The turn for a message `user_tokens` gave `new` for; run it inside `undoable` (chat/undoable.py)."""
         self.cancel_flag.clear()  # before the trim's re-fill, so a stop pressed during it counts
         if whole.is_whole(self):  # the template rendered whole: chat/whole.py
-            trimmed = yield from whole.make_room(self, text)
+            trim_event = yield from whole.make_room(self, text)
             whole.sync(self, text)
             start = max((ex.end for ex in self.exchanges if ex.end >= 0), default=len(self.template.start(self.system)))
             self.exchanges.append(Exchange(text, min(start, len(self.tokens)), len(self.tokens)))
-            yield from self._reply(trimmed)
+            yield from reply.write(self, trim_event)
             return
         self._last_reply_as_history()
-        trimmed = yield from self._make_room(len(new))
+        trim_event = yield from trim.make_room(self, len(new))
         self.exchanges.append(Exchange(text, len(self.tokens), len(self.tokens) + len(new)))
         self.tokens.extend(new)
-        yield from self._reply(trimmed)
-
-    def user_turn(self, text: str) -> list[int]:
-        """The tokens a user message adds (the first one carries the system prompt in some formats)."""
-        return self.template.user_turn(text, "" if self.exchanges else self.system)
+        yield from reply.write(self, trim_event)
 
     @property
     def message_room(self) -> int:
         """The most tokens one user turn may take: older exchanges are trimmed to make room for it."""
         return self.cache.capacity - self.prefix_len - 1
-
-    def _undoable(self, turn: Iterator[Event]) -> Iterator[Event]:
-        """Run a turn; if the model fails mid-turn (NaN logits from bad weights, out of memory),
-        put the chat back as it was before it and report one line: the user's message and the
-        conversation stay intact. The cache keeps only the K/V still valid for the restored
-        tokens, so the invariant holds."""
-        saved = (list(self.tokens), [replace(ex, tool_calls=list(ex.tool_calls)) for ex in self.exchanges],
-                 list(self.archive), len(self.history))
-        try:
-            yield from turn
-        except Exception as e:  # a model failure must not lose the chat
-            held = self.tokens[:self.cache.pos]  # what the cache holds K/V for, at the failure
-            self.tokens, self.exchanges, self.archive = saved[0], saved[1], saved[2]
-            del self.history[saved[3]:]
-            valid = next((i for i, (a, b) in enumerate(zip(self.tokens, held, strict=False)) if a != b),
-                         min(len(self.tokens), len(held)))
-            if self.cache.pos > valid:
-                self.cache.rewind(valid)
-            self.gen.forget()
-            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-            yield self.state("undone")
-            if isinstance(e, UserError):   # the chat template refused the chat (chat_formats/whole.py)
-                yield Error(f"{reason}; the chat is as it was before this message")
-                return
-            yield Error(f"the model failed during this turn ({type(e).__name__}: {reason}); "
-                        f"the chat is as it was before it")
 
     def _last_reply_as_history(self) -> None:
         """A user message follows the last reply now: give it the tokens the official template
@@ -231,103 +193,6 @@ class Session:
             self.truncate(ex.reply_start)
             self.tokens += hist + closing
             ex.end = len(self.tokens)
-
-    def _reply(self, trimmed: Trimmed | None = None) -> Iterator[Event]:
-        """Prefill what is pending and decode. A trim just before (`trimmed`) is part of the wait
-        for the first token: its re-prefill counts in the turn's TTFT and prefill tokens."""
-        ex = self.exchanges[-1]
-        s = self.settings
-        self.gen.configure(SamplingConfig(**s.sampler_values()))
-        if self.cache.pos == len(self.tokens):  # nothing pending (a retry): re-feed one token for logits
-            self.cache.rewind(self.cache.pos - 1)
-        cached_before = self.cache.pos
-        t0 = time.perf_counter()
-        self.gen.prefill(self.tokens[cached_before:])
-        prefill_tokens = self.cache.pos - cached_before
-        tools = ToolRunner(self.template, self.tok)
-        decoder = self.tok.stream_decoder()
-        closing = len(self.template.end_reply())
-        stop, n, t_first = "length", 0, None
-        think, thinking = self.template.think_ids or (), False
-        while n < self.settings.max_new_tokens:
-            tok = self.gen.sample()
-            if t_first is None:
-                t_first = time.perf_counter()
-            if tok in self.template.stop_ids:
-                stop = "end"
-                break
-            self.tokens.append(tok)
-            n += 1
-            if tok in think:  # the block's markers are structure, not text: the flag carries them
-                if tail := decoder.flush():
-                    yield TextDelta(tail, thinking)
-                thinking = tok == think[0]
-            elif text := decoder.push(tok):
-                yield TextDelta(text, thinking)
-            if self.cancel_flag.is_set():
-                stop = "cancel"
-                break
-            forced = tools.after(tok)
-            if self.cache.free < 1 + len(forced) + closing:
-                break  # the context is full: end the reply here, closed properly
-            self.gen.feed(tok)
-            if tools.new_call:
-                yield tools.new_call
-            if forced:
-                self.tokens.extend(forced)
-                self.gen.prefill(forced)
-                if text := decoder.push_many(forced):
-                    yield TextDelta(text, thinking)
-        if tail := decoder.flush():
-            yield TextDelta(tail, thinking)
-        t_end = time.perf_counter()
-        ex.reply = self.tok.decode(self.tokens[ex.reply_start:])
-        ex.tool_calls, ex.stop = tools.calls, stop
-        if whole.is_whole(self):  # closed as the template closes it; the cache keeps what still matches
-            whole.close(self, ex, self.tokens[ex.reply_start:])
-        else:
-            self.tokens.extend(self.template.end_reply())  # pending until the next turn
-            ex.end = len(self.tokens)
-        if trimmed is not None:  # the trim recomputed the history: nothing was reused
-            t0 -= trimmed.reprefill_ms / 1000
-            prefill_tokens, cached_before = prefill_tokens + cached_before, 0
-        st = self._stats(ex, prefill_tokens, cached_before, n, t0, t_first or t_end, t_end, stop)
-        st.reprefilled_tokens = trimmed.reprefilled_tokens if trimmed else 0
-        yield st
-
-    def _stats(self, ex, prefill_tokens, cached_before, n, t0, t_first, t_end, stop) -> TurnStats:
-        decode_s = t_end - t_first
-        thinking, reply = self.template.split_thinking(ex.reply)  # ex.reply keeps both: the store's text
-        st = TurnStats(
-            turn=self.turns, user=ex.user, reply=reply, thinking=thinking, prefill_tokens=prefill_tokens,
-            cached_before=cached_before, cache_seqlens=self.cache.pos, capacity=self.cache.capacity,
-            decode_tokens=n, ttft_ms=(t_first - t0) * 1000,
-            tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0, stop=stop,
-            kv_bytes_used=self.cache.bytes_used, kv_bytes_allocated=self.cache.bytes_allocated,
-            backend=self.lm.model.attn.name, tool_calls=list(ex.tool_calls))
-        self.history.append(st)
-        return st
-
-    def _make_room(self, incoming: int) -> Yields[Event, None, Trimmed | None]:
-        """If the new turn and a reply do not fit, drop the oldest whole exchanges down to the
-        low-water mark and re-prefill what is kept (chat/trim.py: the policy and why). The
-        system prompt stays. Returns the Trimmed event, whose cost the turn's figures include."""
-        drop = trim.count_to_drop(len(self.tokens), [ex.start for ex in self.exchanges], incoming,
-                                  self.settings.max_new_tokens, self.cache.capacity, self.settings.low_water)
-        if drop == 0:
-            return None
-        # families without a system role (nanochat) carry it in the first user turn
-        head = self.template.user_turn(self.exchanges[drop].user, self.system) if drop < len(self.exchanges) else []
-        done = trim.cut(self.tokens, self.exchanges, drop, head)
-        self.archive += self.exchanges[:drop]  # out of the context, still part of the chat
-        self.exchanges = self.exchanges[drop:]
-        self.cache.reset()
-        self.gen.forget()
-        seconds = yield from trim.reprefill(self.gen, self.tokens)
-        ev = Trimmed(done.dropped, done.removed, self.cache.pos, self.cache.pos, self.cache.capacity,
-                     seconds * 1000)
-        yield ev
-        return ev
 
     # --- commands (chatapp/chat/commands.py's table names these handlers) ----------
     def run_command(self, line: str) -> Iterator[Event]:
@@ -358,13 +223,14 @@ class Session:
             else:
                 self.truncate(self.exchanges[-1].reply_start)
             yield self.state("retry")
-            yield from self._reply()
-        yield from self._undoable(retry())
+            yield from reply.write(self)
+        yield from undoable(self, retry())
 
     def undo(self, _arg: str = "") -> Iterator[Event]:
         if not self.exchanges:
             raise UserError("/undo: nothing to undo")
         ex = self.exchanges.pop()
+        self.forget_turn_stats()
         if whole.is_whole(self):
             whole.adopt(self, self.template.render(self.system, whole.pairs_of(self, self.exchanges), None)
                         if self.exchanges else Rendered(self.template.start(self.system), []), self.exchanges)
@@ -393,12 +259,16 @@ class Session:
 
     def copy_reply(self, arg: str) -> Iterator[Event]:
         """`/copy [N]`: a reply's answer as the transcript shows it (no thinking, no tool spans)."""
-        replies = self.archive + self.exchanges
+        replies = self.trimmed + self.exchanges
         n = pick_reply(arg, len(replies))
-        text = reply_text(self.template, self.tok, replies[n - 1].reply)
+        text = answer_text(self.reply_parts(replies[n - 1]))
         if not text.strip():
             raise UserError(f"/copy: reply {n} has no text to copy")
         yield Copied(n, len(replies), text)
+
+    def reply_parts(self, ex: Exchange) -> list[Part]:
+        """A reply by kind: as it streamed, or (a stored chat's) found in its text."""
+        return ex.parts or stored_parts(self.template, self.tok, ex.reply)
 
     def attach_file(self, arg: str) -> Iterator[Event]:
         """`/file PATH` (chatapp/chat/attach.py): the file goes with the next message."""
@@ -411,23 +281,15 @@ class Session:
         yield self.attached.add(Attachment(PASTED, text), self.budget())
 
     def budget(self) -> Budget:
-        return Budget(lambda body: len(self.user_turn(body)), self.message_room, self.room_hint())
+        return Budget(lambda body: len(self.turn_tokens(body, first=not self.exchanges)), self.message_room,
+                      self.room_hint())
 
     def stats(self) -> dict:
-        c = self.cache
-        d = {"model": self.lm.name, "cache_seqlens": c.pos, "capacity": c.capacity, "tokens": len(self.tokens),
-             "shape": list(c.shape), "dtype": str(c.dtype).removeprefix("torch."),
-             "weights": weights_format(self.lm.model), "device": str(c.device),
-             "kv_bytes_used": c.bytes_used, "kv_bytes_allocated": c.bytes_allocated,
-             "backend": self.lm.model.attn.name, "turns": self.turns, **self.settings.sampling_values()}
-        if getattr(self.template, "completion", False):  # only then: a chat model's figures stay as they were
-            d["mode"] = COMPLETION_MODE
-        kept = [st for st in self.history if st.turn <= self.turns]  # an /undo takes its turn's figures too
-        if kept:
-            last = kept[-1]
-            d |= {"last_prefill_tokens": last.prefill_tokens, "last_ttft_ms": round(last.ttft_ms, 2),
-                  "last_tokens_per_s": round(last.tokens_per_s, 2)}
-        return d
+        return session_stats(self)
+
+    def figures(self) -> SessionFigures:
+        """What the TUI's panel shows between turns; its worker reads it, never the UI thread."""
+        return SessionFigures(self.stats(), read_memory(str(self.cache.device)), list(self.turn_stats))
 
     def stats_text(self) -> str:
         return stats_line(self.stats())

@@ -21,22 +21,22 @@ class ToolRunner:
         self.calls: list[ToolCall] = []
         self.new_call: ToolCall | None = None
 
-    def after(self, tok: int) -> list[int]:
+    def after(self, token: int) -> list[int]:
         """Called for each generated token; returns the tokens to force next (maybe none)."""
         self.new_call = None
         if not self.ids:
             return []
-        if tok == self.ids["python_start"]:
+        if token == self.ids["python_start"]:
             self.expr = []
-        elif tok == self.ids["python_end"] and self.expr:  # an empty call is ignored, as nanochat does
+        elif token == self.ids["python_end"] and self.expr:  # an empty call is ignored, as nanochat does
             expr = self.tok.decode(self.expr)
             self.expr = None
             self.new_call = ToolCall(expr, evaluate(expr))
             self.calls.append(self.new_call)
             if self.new_call.result is not None:
                 return [self.ids["output_start"], *self.tok.encode(self.new_call.result), self.ids["output_end"]]
-        elif tok == self.ids["python_end"]:
+        elif token == self.ids["python_end"]:
             self.expr = None
         elif self.expr is not None:
-            self.expr.append(tok)
+            self.expr.append(token)
         return []

@@ -9,21 +9,25 @@ chat then grows for half a context before the next trim. `low_water=1` is the ol
 drop just enough for the turn, so nearly every later turn re-prefills nearly everything.
 
 The re-prefill is chunked and reports `Prefilling` progress; its time and tokens count in the
-turn's figures (session.py's `_reply`). Imports no Session: the session calls in with its
-token list and exchanges, so the module stays below it.
+turn's figures (chat/reply.py). `make_room` is the session's side (a function of it, as in
+chat/whole.py); the policy functions above it take token lists and exchanges alone.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Generator as Yields
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from chatapp.chat.events import Prefilling
+from chatapp.chat.events import Event, Prefilling, Trimmed
 from model.decode.generate import Generator
+
+if TYPE_CHECKING:  # the session imports this module, not the other way round
+    from chatapp.chat.session import Session
 
 REPLY_BUDGET = 64  # room kept for the reply a trim makes way for (capped by max_new_tokens)
 
@@ -102,3 +106,25 @@ def reprefill(gen: Generator, tokens: list[int], reason: str = "trim", model: st
             torch.cuda.synchronize(cache.device)  # the figure is the wait, not the launch
         yield Prefilling(min(i + step, len(tokens)), len(tokens), reason, model)
     return time.perf_counter() - t0
+
+
+def make_room(s: Session, incoming: int) -> Yields[Event, None, Trimmed | None]:
+    """If the new turn and a reply do not fit, drop the oldest whole exchanges down to the
+    low-water mark and re-prefill what is kept (the policy and why: above). The
+    system prompt stays. Returns the Trimmed event, whose cost the turn's figures include."""
+    drop = count_to_drop(len(s.tokens), [ex.start for ex in s.exchanges], incoming,
+                              s.settings.max_new_tokens, s.cache.capacity, s.settings.low_water)
+    if drop == 0:
+        return None
+    # families without a system role (nanochat) carry it in the first user turn
+    head = s.template.user_turn(s.exchanges[drop].user, s.system) if drop < len(s.exchanges) else []
+    done = cut(s.tokens, s.exchanges, drop, head)
+    s.trimmed += s.exchanges[:drop]  # out of the context, still part of the chat
+    s.exchanges = s.exchanges[drop:]
+    s.cache.reset()
+    s.gen.forget()
+    seconds = yield from reprefill(s.gen, s.tokens)
+    ev = Trimmed(done.dropped, done.removed, s.cache.pos, s.cache.pos, s.cache.capacity,
+                 seconds * 1000)
+    yield ev
+    return ev

@@ -93,7 +93,7 @@ def make_room(s: Session, user: str) -> Yields[Event, None, Trimmed | None]:
     mark = min(s.cache.capacity - budget, int(s.settings.low_water * s.cache.capacity))
     before, dropped = len(s.tokens), 0
     while s.exchanges and len(render.tokens) > mark:
-        s.archive.append(s.exchanges.pop(0))
+        s.trimmed.append(s.exchanges.pop(0))
         dropped += 1
         render = s.template.render(s.system, pairs_of(s, s.exchanges), user)
     s.cache.reset()
@@ -101,7 +101,7 @@ def make_room(s: Session, user: str) -> Yields[Event, None, Trimmed | None]:
     kept = list(s.exchanges)
     adopt(s, s.template.render(s.system, pairs_of(s, kept), None) if kept else
           Rendered(s.template.start(s.system), []), kept)
-    for ex in s.archive[-dropped:]:
+    for ex in s.trimmed[-dropped:]:
         ex.start = ex.reply_start = ex.end = -1
     seconds = yield from trim.reprefill(s.gen, s.tokens)
     ev = Trimmed(dropped, max(before - len(s.tokens), 0), s.cache.pos, s.cache.pos, s.cache.capacity,

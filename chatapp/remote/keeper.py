@@ -139,7 +139,7 @@ class RemoteKeeper:
         s = self.session
         users, replies = chat.messages[0::2], chat.messages[1::2]
         s.exchanges = [RemoteExchange(u.content, a.content) for u, a in zip(users, replies, strict=False)]
-        s.history, s.last = [], None
+        s.turn_stats, s.last = [], None
         s.settings = Settings(**{**dataclasses.asdict(Settings()), **chat.settings, "system": chat.system or None})
         self.chat_id, self.title, self.created = chat.id, chat.title, chat.created
         self.restored = Restored(chat.id, chat.title, 0, 0, 0, len(chat.messages), 0, s.context,

@@ -18,7 +18,20 @@ from chatapp.chat.attach import PASTED, Attachment, Attachments, Budget, file_co
 from chatapp.chat.clip import pick_reply
 from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
 from chatapp.chat.edit import parse_edit
-from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, TextDelta, ToolCall, TurnStats
+from chatapp.chat.events import (
+    CacheState,
+    Copied,
+    Error,
+    Event,
+    Info,
+    Quit,
+    SessionFigures,
+    TextDelta,
+    ToolCall,
+    TurnStats,
+)
+from chatapp.chat.kinds import Part, PartsBuilder
+from chatapp.chat.memory import read_memory
 from chatapp.chat.settings import Settings, set_command
 from chatapp.remote.client import Figures, OpenAIClient, RemoteError
 from model.errors import UserError
@@ -33,6 +46,7 @@ class RemoteExchange:
     reply: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     stop: str = ""  # not stored for a remote chat: a reopened one shows no stop labels
+    parts: list[Part] = field(default_factory=list)  # the reply by kind as it streamed ([] when reopened)
 
 
 class PlainFormat:
@@ -59,8 +73,8 @@ class RemoteSession:
         self.settings = settings or Settings()
         self.cancel_flag = threading.Event()
         self.exchanges: list[RemoteExchange] = []
-        self.archive: list[RemoteExchange] = []  # nothing is trimmed here: the server keeps the context
-        self.history: list[TurnStats] = []
+        self.trimmed: list[RemoteExchange] = []  # nothing is trimmed here: the server keeps the context
+        self.turn_stats: list[TurnStats] = []
         self.attached = Attachments()
         self.last: TurnStats | None = None
 
@@ -112,18 +126,19 @@ class RemoteSession:
                 "top_p": s.top_p, "max_tokens": s.max_new_tokens}
         body |= {"seed": s.seed} if s.seed is not None else {}
         body |= {"top_k": s.top_k} if s.top_k else {}  # not OpenAI's: sent only when set
-        fig, parts, stop, error = Figures(), [], "end", ""
+        fig, parts, stop, error = Figures(), PartsBuilder(), "end", ""
         try:
-            for d in self.client.chat(body, fig):
-                if not d.thinking:
-                    parts.append(d.text)
-                yield TextDelta(d.text, d.thinking)
+            for d in self.client.chat(body, fig):  # the server's content is the answer: no token ids here
+                delta = TextDelta(d.text, "thinking" if d.thinking else "answer")
+                parts.add(delta.kind, delta.text)
+                yield delta
                 if self.cancel_flag.is_set():
                     stop = "cancel"
                     break
         except RemoteError as e:
             stop, error = "error", str(e)
-        ex.reply = "".join(parts)
+        ex.parts = parts.parts
+        ex.reply = "".join(p.text for p in ex.parts if p.kind == "answer")
         if stop == "error" and not ex.reply:
             self.exchanges.pop()
             yield self.state("undone")
@@ -143,7 +158,7 @@ class RemoteSession:
                        capacity=self.context, decode_tokens=f.completion_tokens, ttft_ms=f.ttft_ms,
                        tokens_per_s=f.tokens_per_s, stop=stop, kv_bytes_used=0, kv_bytes_allocated=0,
                        backend="remote")
-        self.history.append(st)
+        self.turn_stats.append(st)
         self.last = st
         return st
 
@@ -160,7 +175,7 @@ class RemoteSession:
         yield from run_handler(getattr(self, cmd.spec.handler), cmd.arg)
 
     def reset_chat(self, _arg: str = "") -> Iterator[Event]:
-        self.exchanges, self.history, self.last = [], [], None
+        self.exchanges, self.turn_stats, self.last = [], [], None
         yield self.state("reset")
 
     def retry(self, _arg: str = "") -> Iterator[Event]:
@@ -173,6 +188,7 @@ class RemoteSession:
         if not self.exchanges:
             raise UserError("/undo: nothing to undo")
         self.exchanges.pop()
+        self.turn_stats = [st for st in self.turn_stats if st.turn <= self.turns]  # its figures go with it
         yield self.state("undo")
 
     def edit(self, arg: str) -> Iterator[Event]:
@@ -181,13 +197,14 @@ class RemoteSession:
         if not 1 <= n <= len(self.exchanges):
             raise UserError(f"/edit: there is no message {n} (the chat has {len(self.exchanges)})")
         del self.exchanges[n - 1:]
+        self.turn_stats = [st for st in self.turn_stats if st.turn <= self.turns]
         yield self.state("edit", f"rewound to message {n}")
         self.exchanges.append(RemoteExchange(text))
         yield from self._reply()
 
     def set_system(self, text: str) -> Iterator[Event]:
         self.settings.system = text
-        self.exchanges, self.history, self.last = [], [], None
+        self.exchanges, self.turn_stats, self.last = [], [], None
         yield self.state("system", "system prompt set; new chat started")
 
     def change_settings(self, arg: str) -> Iterator[Event]:
@@ -210,6 +227,9 @@ class RemoteSession:
             raise UserError(f"/copy: reply {n} has no text to copy")
         yield Copied(n, len(self.exchanges), text)
 
+    def reply_parts(self, ex: RemoteExchange) -> list[Part]:
+        return ex.parts or [Part("answer", ex.reply)]
+
     def attach_file(self, arg: str) -> Iterator[Event]:
         yield from file_command(self.attached, arg, self.budget())
 
@@ -222,6 +242,9 @@ class RemoteSession:
         room = (self.context or 32768) - (self.last.cache_seqlens if self.last else 0)
         return Budget(lambda body: len(body) // CHARS_PER_TOKEN + 1, room,
                       "the server's context is the limit (an estimate: its tokenizer is not here)")
+
+    def figures(self) -> SessionFigures:
+        return SessionFigures(self.stats(), read_memory("remote"), list(self.turn_stats))
 
     def stats(self) -> dict:
         last = self.last

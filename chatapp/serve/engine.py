@@ -127,9 +127,9 @@ class Engine:
             if job.cancelled.is_set():
                 s.cancel()
             match ev:
-                case TextDelta(text=t, thinking=True):
+                case TextDelta(text=t, kind="thinking"):
                     job.put(("delta", {"reasoning_content": t}))
-                case TextDelta(text=t):
+                case TextDelta(text=t):  # the answer, and a tool span as the model wrote it
                     if out := scanner.push(t):
                         text.append(out)
                         job.put(("delta", {"content": out}))

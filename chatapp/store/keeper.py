@@ -136,7 +136,7 @@ class ChatKeeper:
         s = self.session
         # cache.pos too: a greedy /retry can give back the same tokens with a different pending tail;
         # the archive too: a trim can leave the same tokens after dropping one more exchange
-        return (len(s.tokens), hash(tuple(s.tokens)), s.cache.pos, len(s.archive),
+        return (len(s.tokens), hash(tuple(s.tokens)), s.cache.pos, len(s.trimmed),
                 repr(dataclasses.asdict(s.settings)), self.title)
 
     def commit(self, force: bool = False) -> Iterator[Event]:
@@ -381,7 +381,7 @@ class ChatKeeper:
         s = self.session
         t = ExportedChat(self.title or default_title(s), s.lm.name, s.system,
                        [(ex.user, *s.template.split_thinking(ex.reply)[::-1], ex.tool_calls)
-                        for ex in s.archive + s.exchanges], self.chat_id,
+                        for ex in s.trimmed + s.exchanges], self.chat_id,
                        self.created or None)
         try:
             path = export(t, dest)

@@ -24,7 +24,7 @@ from chatapp.store.snapshots import load_chain, plan_chain, scan
 def stored_messages(s: Session) -> list[StoredMessage]:
     """The chat as the store keeps it: trimmed exchanges as text only, the rest with their ids."""
     msgs = []
-    for ex in s.archive:  # trimmed out of the context: text only, no token ids (`archived`)
+    for ex in s.trimmed:  # trimmed out of the context: text only, no token ids (`archived`)
         msgs.append(StoredMessage("user", ex.user, []))
         msgs.append(StoredMessage("assistant", ex.reply, [], [dataclasses.asdict(c) for c in ex.tool_calls], ex.stop))
     for ex in s.exchanges:
@@ -171,10 +171,10 @@ def restore(session: Session, chat: ChatData, identity: ModelIdentity, folder: P
 
 def give_stops(session: Session, chat: ChatData) -> None:
     """Each restored reply gets its stored stop reason, so its label ("cut at max_new_tokens")
-    comes back. The archive's pairs come first in the store, as in `session.archive + exchanges`."""
+    comes back. The archive's pairs come first in the store, as in `session.trimmed + exchanges`."""
     both = pairs(chat.messages)
     ordered = [a for u, a in both if not u.token_ids and not a.token_ids] + [a for _u, a in in_context(chat)]
-    for ex, reply in zip(session.archive + session.exchanges, ordered, strict=False):
+    for ex, reply in zip(session.trimmed + session.exchanges, ordered, strict=False):
         ex.stop = reply.stop
 
 

@@ -7,7 +7,7 @@ memory in prefill, a cache overflow. Had the keeper kept the half-adopted sessio
 save would write the other chat's messages under the old chat's id (issue 27). So the keeper
 takes a `Checkpoint` first and puts it back on any failure.
 
-What comes back: the token list, exchanges, archive, turn figures and settings of the session,
+What comes back: the token list, exchanges, trimmed exchanges, turn figures and settings of the session,
 and every field of the keeper that names the stored chat. The cache's K/V were overwritten by
 the failed refill; they come back from the old chat's own KV snapshot where it covers them, and
 the rest is left pending (the invariant holds: the next turn prefills it).
@@ -34,8 +34,8 @@ KEEPER_FIELDS = ("chat_id", "title", "created", "expect", "writer", "clean_upto"
 class Checkpoint:
     tokens: list[int]
     exchanges: list[Exchange]
-    archive: list[Exchange]
-    history: list
+    trimmed: list[Exchange]
+    turn_stats: list
     settings: Any
     cache_pos: int
     keeper: dict
@@ -47,7 +47,7 @@ def copy_exchanges(exchanges: list[Exchange]) -> list[Exchange]:
 
 def take(keeper: ChatKeeper) -> Checkpoint:
     s = keeper.session
-    return Checkpoint(list(s.tokens), copy_exchanges(s.exchanges), copy_exchanges(s.archive), list(s.history),
+    return Checkpoint(list(s.tokens), copy_exchanges(s.exchanges), copy_exchanges(s.trimmed), list(s.turn_stats),
                       dataclasses.replace(s.settings), s.cache.pos, {f: getattr(keeper, f) for f in KEEPER_FIELDS})
 
 
@@ -57,8 +57,8 @@ def put_back(keeper: ChatKeeper, cp: Checkpoint) -> int:
     s = keeper.session
     s.cache.reset()
     s.gen.forget()
-    s.tokens, s.exchanges, s.archive = cp.tokens, cp.exchanges, cp.archive
-    s.history, s.settings = cp.history, cp.settings
+    s.tokens, s.exchanges, s.trimmed = cp.tokens, cp.exchanges, cp.trimmed
+    s.turn_stats, s.settings = cp.turn_stats, cp.settings
     for name, value in cp.keeper.items():
         setattr(keeper, name, value)
     n = 0

@@ -21,17 +21,17 @@ from collections.abc import Callable, Iterable
 
 from textual.message import Message
 
-from chatapp.chat.events import Error, Event, TextDelta
+from chatapp.chat.events import Error, Event, SessionFigures, TextDelta, TextKind
 
 BATCH_INTERVAL_S = 0.05
 
 
 class TextBatch(Message):
-    """Reply text: one or more deltas, joined; all thinking or all answer."""
+    """Reply text: one or more deltas of one kind, joined."""
 
-    def __init__(self, text: str, thinking: bool = False) -> None:
+    def __init__(self, text: str, kind: TextKind = "answer") -> None:
         super().__init__()
-        self.text, self.thinking = text, thinking
+        self.text, self.kind = text, kind
 
 
 class SessionEvent(Message):
@@ -43,15 +43,20 @@ class SessionEvent(Message):
 
 
 class TurnFinished(Message):
-    """The worker is done with one input: the UI may take the next one."""
+    """The worker is done with one input: the UI may take the next one. `figures`: the
+    session's, read by the worker as it left them (None if that failed)."""
+
+    def __init__(self, figures: SessionFigures | None = None) -> None:
+        super().__init__()
+        self.figures = figures
 
 
 class Loaded(Message):
-    """From the load worker: the chat (a ChatKeeper) is ready."""
+    """From the load worker: the chat (a ChatKeeper) is ready, and its session's figures."""
 
-    def __init__(self, chat) -> None:
+    def __init__(self, chat, figures: SessionFigures) -> None:
         super().__init__()
-        self.chat = chat
+        self.chat, self.figures = chat, figures
 
 
 class LoadProgress(Message):
@@ -95,27 +100,29 @@ class Gate:
         self._open.set()
 
 
-def pump(events: Iterable[Event], post: Callable[[Message], object], gate: Gate | None = None) -> int:
-    """Drain `events` into `post`; returns how many TextBatch messages were posted."""
+def pump(events: Iterable[Event], post: Callable[[Message], object], gate: Gate | None = None,
+         figures: Callable[[], SessionFigures] | None = None) -> int:
+    """Drain `events` into `post`, then the session's `figures()` (read in this thread, which owns
+    the session) with TurnFinished; returns how many TextBatch messages were posted."""
     gate = gate or Gate()
     pending: list[str] = []
-    thinking = False  # what `pending` is: a batch never mixes thinking and answer
+    kind: TextKind = "answer"  # what `pending` is: a batch never mixes kinds
     batches = 0
 
     def flush() -> None:
         nonlocal batches
         if pending:
             gate.sent()
-            post(TextBatch("".join(pending), thinking))
+            post(TextBatch("".join(pending), kind))
             pending.clear()
             batches += 1
 
     try:
         for ev in events:
             if isinstance(ev, TextDelta):
-                if ev.thinking != thinking:
+                if ev.kind != kind:
                     flush()
-                    thinking = ev.thinking
+                    kind = ev.kind
                 pending.append(ev.text)
                 if gate.ready():
                     flush()
@@ -127,5 +134,12 @@ def pump(events: Iterable[Event], post: Callable[[Message], object], gate: Gate 
         post(SessionEvent(Error(f"internal error: {type(e).__name__}: {e}")))
     finally:
         flush()
-        post(TurnFinished())
+        post(TurnFinished(read_figures(figures)))
     return batches
+
+
+def read_figures(figures: Callable[[], SessionFigures] | None) -> SessionFigures | None:
+    try:
+        return figures() if figures is not None else None
+    except Exception:  # the panel keeps its last figures; the turn's own error is already posted
+        return None

@@ -15,7 +15,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
-from chatapp.chat.events import Event, ModelSwitched, Prefilling
+from chatapp.chat.events import ModelSwitched
+from chatapp.tui.face import Face
 from chatapp.tui.visible import visible
 
 
@@ -55,36 +56,28 @@ class ModelScreen(ModalScreen[str | None]):
         self.dismiss(result)
 
 
-class ModelSwitching:
-    """ChatApp's part in a switch (a mixin, so app.py only routes to it)."""
+class ModelPicker:
+    """The app's part in a switch: the picker, and the transcript once the switch is reported
+    (the panel shows its progress and outcome itself: CachePanel.apply)."""
 
-    def action_models(self) -> None:
-        if isinstance(self.screen, ModelScreen) or not self.can_start():
+    def __init__(self, app: Face) -> None:
+        self.app = app
+
+    def open(self) -> None:
+        app = self.app
+        if isinstance(app.screen, ModelScreen) or not app.can_start():
             return
         from chatapp.store.models import choices  # lazy: the pull module's imports stay off the first frame
 
-        store = self.keeper.store
-        self.push_screen(ModelScreen(choices(store.root if store else None), self.session.lm.name),
-                         self.model_picked)
+        store = app.keeper.store
+        app.push_screen(ModelScreen(choices(store.root if store else None), app.session.lm.name), self.picked)
 
-    async def model_picked(self, spec: str | None) -> None:
+    async def picked(self, spec: str | None) -> None:
         if spec is not None:
-            await self.submit(f"/model {spec}")
-
-    async def show_model_event(self, ev: Event) -> None:
-        match ev:
-            case Prefilling(reason="model"):
-                self.panel.show_restore(f"re-prefilling {ev.done} / {ev.total} tokens")
-            case ModelSwitched():
-                await self.show_switch(ev)
+            await self.app.submit(f"/model {spec}")
 
     async def show_switch(self, ev: ModelSwitched) -> None:
         """The keeper holds the new session now: the transcript stays as it is (the same text),
-        dimming what a smaller context left out; the new template names the tool markers from
-        here on, and the turn figures belonged to the old model."""
-        self.show_markers()
-        self.transcript.mark_dropped(ev.dropped_exchanges)
-        self.panel.clear_turns()
-        dropped = f", {ev.dropped_exchanges} exchange(s) out" if ev.dropped_exchanges else ""
-        self.panel.show_restore(f"switched: re-prefilled {ev.reprefilled_tokens} tokens{dropped}")
-        await self.transcript.notice(f"Switched from {ev.previous} to {ev.line}.", "dim")
+        dimming what a smaller context left out."""
+        self.app.transcript.mark_trimmed(ev.dropped_exchanges)
+        await self.app.transcript.notice(f"Switched from {ev.previous} to {ev.line}.", "dim")

@@ -13,7 +13,8 @@ from textual.content import Content
 from textual.widgets import Collapsible, Markdown, ProgressBar, Static
 from textual.widgets.markdown import MarkdownStream
 
-from chatapp.chat.events import ToolCall
+from chatapp.chat.events import TextKind, ToolCall
+from chatapp.chat.kinds import Part
 from chatapp.tui.visible import visible
 
 
@@ -36,41 +37,6 @@ def chat_markdown() -> MarkdownIt:
 
 
 STOP_NOTES = {"cancel": "stopped (Esc)", "length": "cut at max_new_tokens", "error": "cut off (the server failed)"}
-
-
-class ToolMarkup:
-    """Splits streamed reply text into visible text and tool spans.
-
-    nanochat writes <|python_start|>expr<|python_end|> and gets <|output_start|>result
-    <|output_end|> forced after it. Those spans are hidden from the Markdown; the ToolCall
-    event shows them as a widget of their own. Special tokens always arrive whole in one
-    delta, so a marker is never split across two batches.
-    """
-
-    def __init__(self, markers: dict[str, str] | None) -> None:
-        m = markers or {}
-        self.closers = {m[a]: m[b] for a, b in (("python_start", "python_end"), ("output_start", "output_end"))
-                        if a in m and b in m}
-        self.closing: str | None = None  # inside a span: the marker that ends it
-
-    def feed(self, text: str) -> list[str | None]:
-        """Visible pieces of `text`, with None where a tool span begins."""
-        out: list[str | None] = []
-        while text:
-            if self.closing is not None:
-                end = text.find(self.closing)
-                if end < 0:
-                    return out
-                text, self.closing = text[end + len(self.closing):], None
-                continue
-            hits = [(i, m) for m in self.closers if (i := text.find(m)) >= 0]
-            if not hits:
-                out.append(text)
-                break
-            i, opener = min(hits)
-            out += [text[:i], None] if i else [None]
-            text, self.closing = text[i + len(opener):], self.closers[opener]
-        return out
 
 
 class UserMessage(Static):
@@ -151,9 +117,8 @@ class ReplyPiece:
 class Reply(Vertical):
     """An assistant reply: Markdown streamed in place, then one full update at the end."""
 
-    def __init__(self, markers: dict[str, str] | None = None, title: str = "assistant") -> None:
+    def __init__(self, title: str = "assistant") -> None:
         super().__init__()
-        self.markup = ToolMarkup(markers)
         self.segments: list[ReplyPiece] = []
         self.open: ReplyPiece | None = None
         self.thinking: Thinking | None = None
@@ -165,22 +130,24 @@ class Reply(Vertical):
         """The visible reply text so far, tool spans left out."""
         return "".join("".join(s.parts) for s in self.segments)
 
-    async def write(self, text: str, thinking: bool = False) -> None:
-        if thinking:
+    async def write(self, text: str, kind: TextKind = "answer") -> None:
+        if kind == "thinking":
             if self.thinking is None:
                 self.thinking = Thinking()
                 await self.mount(self.thinking)
             self.thinking.add(text)
             return
+        if kind != "answer":  # a tool span: the ToolCall event shows it; the answer goes on in a new block
+            await self._close_open()
+            return
         if self.thinking is not None and text.strip():
             self.thinking.collapsed = True  # the answer has started
-        for piece in self.markup.feed(text):
-            if piece is None:
-                await self._close_open()
-            elif piece and (self.open or piece.strip()):
-                seg = await self._open_segment()
-                seg.parts.append(piece)
-                await seg.stream.write(visible(piece))
+        if not self.segments:
+            text = text.lstrip("\n")  # the blank lines after a thinking block are its layout
+        if self.open or text.strip():
+            seg = await self._open_segment()
+            seg.parts.append(text)
+            await seg.stream.write(visible(text))
 
     async def add_tool_call(self, call: ToolCall) -> None:
         await self._close_open()
@@ -223,7 +190,6 @@ class Transcript(VerticalScroll, can_focus=True):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.exchanges: list[ExchangeView] = []
-        self.markers: dict[str, str] | None = None  # tool markers of the loaded model's template
 
     def on_mount(self) -> None:
         self.anchor()
@@ -247,20 +213,22 @@ class Transcript(VerticalScroll, can_focus=True):
         """The reply being written, started on first use."""
         if (r := self.open_reply()) is not None:
             return r
-        r = Reply(self.markers, f"assistant #{self.trimmed() + len(self.exchanges)}")
+        r = Reply(f"assistant #{self.trimmed() + len(self.exchanges)}")
         self.exchanges[-1].reply = r
         await self.mount(r)
         return r
 
-    async def add_exchange(self, user: str, reply: str, tool_calls: list[ToolCall], thinking: str = "",
-                           stop: str = "end") -> None:
-        """A finished exchange at once (a restored chat); its tool calls follow its text, its stop
-        reason's label (stored with the reply) its border."""
+    async def add_exchange(self, user: str, parts: list[Part], tool_calls: list[ToolCall], stop: str = "end") -> None:
+        """A finished exchange at once (a restored chat): its reply by kind, then its tool calls,
+        its stop reason's label (stored with the reply) on its border."""
         await self.add_user(user)
         r = await self.reply()
+        thinking = "".join(p.text for p in parts if p.kind == "thinking").strip("\n")
         if thinking:
-            await r.write(thinking, thinking=True)
-        await r.write(reply)
+            await r.write(thinking, "thinking")
+        for p in parts:
+            if p.kind != "thinking":
+                await r.write(p.text, p.kind)
         for call in tool_calls:
             await r.add_tool_call(call)
         await r.finish(stop or "end", len(tool_calls))
@@ -288,12 +256,12 @@ class Transcript(VerticalScroll, can_focus=True):
             if ex.reply is not None:
                 await ex.reply.remove()
 
-    def mark_dropped(self, n: int) -> None:
+    def mark_trimmed(self, n: int) -> None:
         """The oldest n exchanges left the context: they stay visible, dimmed."""
         for ex in self.exchanges[:n]:
             for w in (ex.user, ex.reply):
                 if w is not None:
-                    w.add_class("dropped")
+                    w.add_class("trimmed")
         del self.exchanges[:n]
 
     async def clear(self) -> None:
@@ -303,7 +271,7 @@ class Transcript(VerticalScroll, can_focus=True):
     # --- /edit -------------------------------------------------------------------------
     def trimmed(self) -> int:
         """Exchanges shown dimmed above the context: message numbers count them (Session.turns)."""
-        return len(self.query("UserMessage.dropped"))
+        return len(self.query("UserMessage.trimmed"))
 
     def editable(self) -> list[tuple[int, str]]:
         """(number as shown, text) of each user message /edit can take: those in the context."""

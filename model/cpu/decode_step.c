@@ -38,6 +38,7 @@ typedef struct {
     float *logits;
     float *x, *xn, *qkv, *att, *y, *h; /* shared, written only between phases */
     int16_t *aq; float *ad, *as;       /* the quantized input of the open phase */
+    int8_t *aq1, *aq2; int32_t *aq4;
     Act a;
     float *slots;                      /* ATTN: per block m[g], l[g], acc[g * d] */
     size_t slot;
@@ -189,7 +190,7 @@ static float *compute(Ctx *c, const Phase *p, int b, int tid, size_t *n) {
         float *u = out + RMAX - r0;
         gemv(&L->wg, &c->a, y, r0, r1);
         gemv(&L->wu, &c->a, u, r0, r1);
-        for (int r = r0; r < r1; r++) y[r] = act_fn(m->act, y[r]) * u[r];
+        act_rows(m->act, y, u, r0, r1);
         return c->h + r0;
     }
     if (p->kind == PH_HEAD) {
@@ -275,11 +276,14 @@ void *qd_new(const Model *m) {
     c->aq = malloc(sizeof(int16_t) * (w + 32));
     c->ad = malloc(sizeof(float) * (w / 32 + 1));
     c->as = malloc(sizeof(float) * (w / 32 + 1));
+    c->aq1 = malloc(w + 32);
+    c->aq2 = malloc(w + 32);
+    c->aq4 = malloc(sizeof(int32_t) * (w / 4 + 8));
     c->slots = malloc(sizeof(float) * c->slot * (size_t)(m->cap / CHUNK_MIN + 2));
     c->priv = malloc(sizeof(float) * c->priv_n * nt);
     c->scores = malloc(sizeof(float) * (size_t)m->n_head * CHUNK_MAX * nt);
-    c->a = (Act){c->xn, c->aq, c->ad, c->as, m->dim};
-    if (!c->x || !c->xn || !c->qkv || !c->att || !c->y || !c->h || !c->aq || !c->ad || !c->as || !c->slots || !c->priv ||
+    c->a = (Act){c->xn, c->aq, c->ad, c->as, m->dim, c->aq1, c->aq2, c->aq4};
+    if (!c->x || !c->xn || !c->qkv || !c->att || !c->y || !c->h || !c->aq || !c->ad || !c->as || !c->aq1 || !c->aq2 || !c->aq4 || !c->slots || !c->priv ||
         !c->scores || pool_init(&c->pool, max_nb) != 0) { qd_free(c); return NULL; }
     c->ph.kind = PH_IDLE;
     c->workers = calloc((size_t)nt, sizeof(pthread_t));
@@ -302,7 +306,7 @@ void qd_free(void *p) {
     }
     if (c->pool.st) pool_destroy(&c->pool);
     free(c->x); free(c->xn); free(c->qkv); free(c->att); free(c->y); free(c->h); free(c->aq); free(c->ad);
-    free(c->as); free(c->slots); free(c->priv); free(c->scores); free(c);
+    free(c->as); free(c->aq1); free(c->aq2); free(c->aq4); free(c->slots); free(c->priv); free(c->scores); free(c);
 }
 
 /* The token `tok` at position `pos`: its K/V land in the cache at pos, its logits in `logits`. */

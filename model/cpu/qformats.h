@@ -1,6 +1,6 @@
 /* GGUF block formats read as the file stores them: Q5_0, Q6_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS, Q4_K, Q5_K.
  *
- * #included by qdecode.c (after QW, Act, h2f, hsum and PREFETCH). A weight of one of these kinds
+ * #included by qdecode.c (after QW, Act, h2f, hsum and PF2). A weight of one of these kinds
  * is the GGUF tensor's own bytes, `rows` rows of cols/bv blocks of bb bytes; nothing is widened,
  * so a token reads exactly the file's bits per weight (docs/weight-formats.md).
  *
@@ -107,13 +107,14 @@ static inline void c32_q5_k(const uint8_t *b, int k, int8_t *q) {   /* the fifth
 typedef void (*PrepFn)(const uint8_t *, float *, float *);
 typedef void (*C32Fn)(const uint8_t *, int, int8_t *);
 
-/* values and bytes a block; a scale per 16 values (else per 32)? mins: 0 none, 1 per 16, 2 per 32 */
-typedef struct { int bv, bb, per16, has_min; } FileFmt;
+/* values and bytes a block; a scale per 16 values (else per 32)? mins: 0 none, 1 per 16, 2 per 32;
+   v8: the VNNI byte kernel (dot2_file_v8) reads it, its values as unsigned bytes less `off` */
+typedef struct { int bv, bb, per16, has_min, v8, off; } FileFmt;
 static const FileFmt FILE_FMT[] = {
-    [K_Q5_0 - K_FILE_FIRST] = {32, 22, 0, 0},   [K_Q6_K - K_FILE_FIRST] = {256, 210, 1, 0},
-    [K_Q2_K - K_FILE_FIRST] = {256, 84, 1, 1},  [K_Q3_K - K_FILE_FIRST] = {256, 110, 1, 0},
-    [K_IQ4_NL - K_FILE_FIRST] = {32, 18, 0, 0}, [K_IQ4_XS - K_FILE_FIRST] = {256, 136, 0, 0},
-    [K_Q4_K - K_FILE_FIRST] = {256, 144, 0, 2}, [K_Q5_K - K_FILE_FIRST] = {256, 176, 0, 2},
+    [K_Q5_0 - K_FILE_FIRST] = {32, 22, 0, 0, 1, 16},   [K_Q6_K - K_FILE_FIRST] = {256, 210, 1, 0, 1, 32},
+    [K_Q2_K - K_FILE_FIRST] = {256, 84, 1, 1, 0, 0},   [K_Q3_K - K_FILE_FIRST] = {256, 110, 1, 0, 0, 0},
+    [K_IQ4_NL - K_FILE_FIRST] = {32, 18, 0, 0, 0, 0},  [K_IQ4_XS - K_FILE_FIRST] = {256, 136, 0, 0, 0, 0},
+    [K_Q4_K - K_FILE_FIRST] = {256, 144, 0, 2, 1, 0},  [K_Q5_K - K_FILE_FIRST] = {256, 176, 0, 2, 1, 0},
 };
 
 static inline const uint8_t *file_row(const QW *w, int r, const FileFmt *f) {
@@ -171,8 +172,9 @@ static inline __attribute__((always_inline)) void dequant_file_c(const QW *w, in
 #ifdef QD_AVX2
 /* ---- values, AVX2: the k-th 32 of the block in one vector of int8 ------------------------------- */
 static inline __m256i nibbles16(const uint8_t *p) {   /* bytes 0-15: low nibbles, 16-31: high nibbles */
-    const __m128i raw = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(15);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m), _mm_and_si128(raw, m));
+    /* the 16 bytes in both halves, the upper half shifted by 4: three instructions, not five */
+    const __m256i raw = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_and_si256(_mm256_srlv_epi64(raw, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(15));
 }
 static inline __m256i shr_and(__m256i v, int shift, int mask) {   /* per byte: (v >> shift) & mask */
     return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8((char)mask));
@@ -270,6 +272,24 @@ static inline void pv_iq4_xs(const uint8_t *b, __m256 *s, __m256 *m) {
     const __m128i c = _mm_sub_epi8(_mm_cvtsi64_si128((long long)u), _mm_set1_epi8(32));
     s[0] = _mm256_mul_ps(_mm256_set1_ps(h2f(rd16(b))), f8_i8(c));
 }
+/* the same values as unsigned bytes, before the format's offset (v32 = u32 - off): the VNNI
+   kernel's first operand is unsigned */
+static inline __m256i u32_q5_0(const uint8_t *b, int k) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)   /* the fifth bits as a mask register: + 16 where set */
+    (void)k;
+    const __m256i lo = nibbles16(b + 6);
+    return _mm256_mask_add_epi8(lo, (__mmask32)rd32(b + 2), lo, _mm256_set1_epi8(16));
+#else
+    return _mm256_add_epi8(v32_q5_0(b, k), _mm256_set1_epi8(16));
+#endif
+}
+static inline __m256i u32_q6_k(const uint8_t *b, int k) { return _mm256_add_epi8(v32_q6_k(b, k), _mm256_set1_epi8(32)); }
+#define u32_q4_k v32_q4_k
+#define u32_q5_k v32_q5_k
+#define u32_q2_k v32_q2_k
+#define u32_q3_k v32_q3_k
+#define u32_iq4_nl v32_iq4_nl
+#define u32_iq4_xs v32_iq4_xs
 typedef void (*PrepV)(const uint8_t *, __m256 *, __m256 *);
 
 typedef __m256i (*V32Fn)(const uint8_t *, int);
@@ -290,8 +310,8 @@ static inline __attribute__((always_inline)) void dot2_file_avx2(const QW *w, in
         const float *dx = a->d + i * nk;
         for (int t = 0; t < 2; t++) {
             const uint8_t *b = row[t] + (size_t)i * f.bb;
-            _mm_prefetch((const char *)b + PREFETCH, _MM_HINT_T0);
-            if (f.bb > 64) _mm_prefetch((const char *)b + PREFETCH + 64, _MM_HINT_T0);
+            if (f.bb >= 64) for (int o = 0; o < f.bb; o += 64) PF2(b + o);
+            else if ((i * f.bb) % 64 < f.bb) PF2(b);   /* small blocks: once per line */
             if (nk == 1) {   /* a 32-value block: one scale */
                 prep(b, sc, mn);
                 ms[t][0] = sc[0] * dx[0];
@@ -326,13 +346,14 @@ static inline __attribute__((always_inline)) void dot2_file_avx2(const QW *w, in
             }
             for (int t = 0; t < 2; t++) {
                 const __m256i q = v32(row[t] + (size_t)i * f.bb, k);
-                const __m256i p0 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)), x0);
-                const __m256i p1 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)), x1);
+                const __m256i q0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
+                const __m256i q1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
                 /* two accumulators a row: one chain of dependent FMAs per row was the limit */
-                if (!f.per16) {
-                    v[t][k & 1] = _mm256_fmadd_ps(_mm256_broadcast_ss(&ms[t][k]), _mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)),
+                if (!f.per16) {   /* one sum per 32: two VNNI multiply-adds where the CPU has them */
+                    v[t][k & 1] = _mm256_fmadd_ps(_mm256_broadcast_ss(&ms[t][k]), _mm256_cvtepi32_ps(DOT2(q0, x0, q1, x1)),
                                                   v[t][k & 1]);
                 } else {
+                    const __m256i p0 = _mm256_madd_epi16(q0, x0), p1 = _mm256_madd_epi16(q1, x1);
                     v[t][0] = _mm256_fmadd_ps(_mm256_broadcast_ss(&ms[t][2 * k]), _mm256_cvtepi32_ps(p0), v[t][0]);
                     v[t][1] = _mm256_fmadd_ps(_mm256_broadcast_ss(&ms[t][2 * k + 1]), _mm256_cvtepi32_ps(p1), v[t][1]);
                 }
@@ -345,6 +366,69 @@ static inline __attribute__((always_inline)) void dot2_file_avx2(const QW *w, in
     }
     for (int t = 0; t < 2; t++) out[t] = hsum(_mm256_add_ps(v[t][0], v[t][1])) - (f.has_min == 2 ? hsum(mv[t]) : 0.f);
 }
+
+#ifdef QD_VNNI8
+/* dot2_file_avx2 on VNNI: per 32 values, u = the weights as unsigned bytes (value + off), and
+   u . q = 256 (u . q1) + u . q2 in two u8 x s8 multiply-adds (q = 256 q1 + q2, split_act); then
+   value . q = u . q - off * (q summed per 4), still per int32 lane. A lane holds 4 values, so
+   lanes 0-3 are the first 16 and 4-7 the next (a scale per 16: one permute). Lane sums stay below
+   2^24, so they convert to fp32 exactly, and the result is the int16 kernels' to fp32 rounding. */
+static inline __attribute__((always_inline)) void dot2_file_v8(const QW *w, int r, const Act *a, float *out,
+                                                               const FileFmt f, PrepFn prep, PrepV pv, V32Fn u32) {
+    const size_t rb = (size_t)(w->cols / f.bv) * f.bb;
+    const uint8_t *row[2] = {(const uint8_t *)w->q + (size_t)r * rb, (const uint8_t *)w->q + (size_t)(r + 1) * rb};
+    const int nk = f.bv / 32, shift = f.off == 32 ? 5 : 4;
+    float sc[16], mn[16];
+    __m256 v[2][2], mv[2], S[2][2];
+    for (int t = 0; t < 2; t++) v[t][0] = v[t][1] = mv[t] = S[t][0] = S[t][1] = _mm256_setzero_ps();
+    float ms[2][8];
+    for (int i = 0; i < w->cols / f.bv; i++) {
+        const float *dx = a->d + i * nk;
+        for (int t = 0; t < 2; t++) {
+            const uint8_t *b = row[t] + (size_t)i * f.bb;
+            if (f.bb >= 64) for (int o = 0; o < f.bb; o += 64) PF2(b + o);
+            else if ((i * f.bb) % 64 < f.bb) PF2(b);   /* small blocks: once per line */
+            if (nk == 1) {
+                prep(b, sc, mn);
+                ms[t][0] = sc[0] * dx[0];
+                continue;
+            }
+            __m256 s[2], m[2];
+            pv(b, s, m);
+            if (!f.per16) {
+                _mm256_storeu_ps(ms[t], _mm256_mul_ps(s[0], _mm256_loadu_ps(dx)));
+                if (f.has_min == 2) mv[t] = _mm256_fmadd_ps(m[0], _mm256_loadu_ps(a->s + i * nk), mv[t]);
+            } else {   /* one activation scale serves two weight scales */
+                const __m256 d8 = _mm256_loadu_ps(dx);
+                S[t][0] = _mm256_mul_ps(s[0], _mm256_permutevar8x32_ps(d8, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)));
+                S[t][1] = _mm256_mul_ps(s[1], _mm256_permutevar8x32_ps(d8, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)));
+            }
+        }
+#pragma GCC unroll 8
+        for (int k = 0; k < nk; k++) {
+            const int g = i * nk + k;
+            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(a->q1 + 32 * g));
+            const __m256i x2 = _mm256_loadu_si256((const __m256i *)(a->q2 + 32 * g));
+            __m256i corr = _mm256_setzero_si256();
+            if (f.off) corr = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(a->q4 + 8 * g)), shift);
+            for (int t = 0; t < 2; t++) {
+                const __m256i u = u32(row[t] + (size_t)i * f.bb, k);
+                __m256i p = DPBUSD(_mm256_slli_epi32(DPBUSD(_mm256_setzero_si256(), u, x1), 8), u, x2);
+                if (f.off) p = _mm256_sub_epi32(p, corr);
+                const __m256 pf = _mm256_cvtepi32_ps(p);
+                if (!f.per16) {
+                    v[t][k & 1] = _mm256_fmadd_ps(_mm256_broadcast_ss(&ms[t][nk == 1 ? 0 : k]), pf, v[t][k & 1]);
+                } else {   /* lanes 0-3: scale 2k, lanes 4-7: scale 2k + 1 */
+                    const int j = 2 * (k & 3);
+                    const __m256 sl = _mm256_permutevar8x32_ps(S[t][k >> 2], _mm256_setr_epi32(j, j, j, j, j + 1, j + 1, j + 1, j + 1));
+                    v[t][k & 1] = _mm256_fmadd_ps(sl, pf, v[t][k & 1]);
+                }
+            }
+        }
+    }
+    for (int t = 0; t < 2; t++) out[t] = hsum(_mm256_add_ps(v[t][0], v[t][1])) - (f.has_min == 2 ? hsum(mv[t]) : 0.f);
+}
+#endif
 
 static inline __attribute__((always_inline)) void dequant_file_avx2(const QW *w, int r, float *out, const FileFmt f,
                                                                     PrepFn prep, PrepV pv, V32Fn v32) {
@@ -370,6 +454,12 @@ static inline __attribute__((always_inline)) void dequant_file_avx2(const QW *w,
 }
 #define FILE_CASE(K, NAME, OP, ...) \
     case K: OP##_file_avx2(__VA_ARGS__, FILE_FMT[K - K_FILE_FIRST], prep_##NAME, pv_##NAME, v32_##NAME); break;
+#ifdef QD_VNNI8
+#define FILE_CASE_V8(K, NAME, OP, ...) \
+    case K: { if (FILE_FMT[K - K_FILE_FIRST].v8) dot2_file_v8(__VA_ARGS__, FILE_FMT[K - K_FILE_FIRST], prep_##NAME, pv_##NAME, \
+                                                              u32_##NAME); \
+              else dot2_file_avx2(__VA_ARGS__, FILE_FMT[K - K_FILE_FIRST], prep_##NAME, pv_##NAME, v32_##NAME); } break;
+#endif
 #endif
 #define FILE_CASE_C(K, NAME, OP, ...) \
     case K: OP##_file_c(__VA_ARGS__, FILE_FMT[K - K_FILE_FIRST], prep_##NAME, c32_##NAME); break;
@@ -390,7 +480,11 @@ static float dot_file(const QW *w, int r, const Act *a) {
 }
 #ifdef QD_AVX2
 static void dot2_file(const QW *w, int r, const Act *a, float *out) {
+#ifdef QD_VNNI8
+    switch (w->kind) { FILE_CASES(FILE_CASE_V8, dot2, w, r, a, out) }
+#else
     switch (w->kind) { FILE_CASES(FILE_CASE, dot2, w, r, a, out) }
+#endif
 }
 static void dequant_file(const QW *w, int r, float *out) {
     switch (w->kind) { FILE_CASES(FILE_CASE, dequant, w, r, out) }

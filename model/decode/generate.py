@@ -69,7 +69,8 @@ class Generator:
         if not cfg.prefill:
             return None
         try:
-            return PrefillGraphs(self.model, self.cache, cfg.num_splits, cfg.prefill_bucket)
+            return PrefillGraphs(self.model, self.cache, cfg.num_splits, cfg.prefill_bucket,
+                                 fused=cfg.fused and cfg.prefill_fused)
         except NotImplementedError:
             return None
 

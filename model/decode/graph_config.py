@@ -16,13 +16,17 @@ class GraphConfig:
     pdl: bool = True            # programmatic dependent launch between the fused kernels (Hopper+)
     prefill: bool = True        # prefill through captured graphs at bucketed lengths (model/decode/prefill_graphs.py)
     prefill_bucket: int = 0     # the largest prefill bucket; 0: as memory allows
+    prefill_fused: bool = True  # with `fused`: the prefill step's small ops in Triton (decode/prefill_kernels.py)
 
     @classmethod
     def from_env(cls) -> GraphConfig | None:
         """NANOCHAT_GRAPHS=0 turns graphs off; =torch keeps graphs but not the Triton kernels.
-        NANOCHAT_PREFILL_GRAPHS=0 keeps graph decode but prefills eagerly."""
+        NANOCHAT_PREFILL_GRAPHS=0 keeps graph decode but prefills eagerly; NANOCHAT_PREFILL_FUSED=0
+        captures the prefill from the model's own modules instead of the fused kernels."""
         v = os.environ.get("NANOCHAT_GRAPHS", "1").lower()
         if v in ("0", "off", "eager"):
             return None
         prefill = os.environ.get("NANOCHAT_PREFILL_GRAPHS", "1").lower() not in ("0", "off", "eager")
-        return cls(fused=v != "torch", attn=os.environ.get("NANOCHAT_DECODE_ATTN", "triton"), prefill=prefill)
+        fused_prefill = os.environ.get("NANOCHAT_PREFILL_FUSED", "1").lower() not in ("0", "off")
+        return cls(fused=v != "torch", attn=os.environ.get("NANOCHAT_DECODE_ATTN", "triton"), prefill=prefill,
+                   prefill_fused=fused_prefill)

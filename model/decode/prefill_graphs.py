@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from kvcache import KVCache
-from model.decode.steps import prefill_step_for
+from model.decode import triton_available
+from model.decode.steps import family_name, prefill_step_for
 
 BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
@@ -45,17 +46,33 @@ def chunk_tokens(model: torch.nn.Module, device: torch.device, floor: int = 512)
     return max(floor, budget // activation_bytes_per_token(model))
 
 
+def fused_step(model: torch.nn.Module, cache: KVCache) -> type | None:
+    """The fused-kernel prefill step (model/decode/prefill_fused.py) where it runs: CUDA with
+    Triton on sm_80+, a family and weights it fuses; None: the step of the model's own modules."""
+    if cache.device.type != "cuda" or torch.cuda.get_device_capability(cache.device) < (8, 0):
+        return None
+    if not triton_available():
+        return None
+    from model.decode.prefill_fused import fused_prefill_class  # lazy: imports triton
+
+    return fused_prefill_class(model, family_name(model))
+
+
 class PrefillGraphs:
     """Captured prefill for one model and cache: `run(ids, n)` pushes n <= max_bucket tokens."""
 
-    def __init__(self, model: torch.nn.Module, cache: KVCache, num_splits: int = 1, max_bucket: int = 0):
-        make = prefill_step_for(model)
-        if make is None:
+    def __init__(self, model: torch.nn.Module, cache: KVCache, num_splits: int = 1, max_bucket: int = 0,
+                 fused: bool = False):
+        plain = prefill_step_for(model)
+        if plain is None:
             raise NotImplementedError(f"no capturable prefill for {type(model).__name__}")
+        make = fused_step(model, cache) if fused else None
+        self.kind = "fused" if make is not None else "modules"  # which step the graphs capture
         limit = max_bucket or chunk_tokens(model, cache.device)
         self.buckets = tuple(b for b in BUCKETS if b <= limit) or BUCKETS[:1]
         self.max_bucket = self.buckets[-1]
-        self.model, self.cache, self.num_splits, self.make = model, cache, num_splits, make
+        self.model, self.cache, self.num_splits = model, cache, num_splits
+        self.make = make or plain
         dev = cache.device
         self.ids = torch.zeros(1, self.max_bucket, dtype=torch.long, device=dev)
         self.last = torch.zeros(1, dtype=torch.long, device=dev)

@@ -58,6 +58,12 @@ PREFILL_STEPS: dict[str, type[PrefillStep]] = {"llama": LlamaPrefillStep, "gemma
 CPU_STEPS = {"llama", "gemma3"}   # the layer shapes qdecode.c runs
 
 
+def family_name(model: torch.nn.Module) -> str | None:
+    """The registry's name for the model's family (Qwen2 and Qwen3 are "llama"), or None."""
+    family = family_of(model)
+    return family.name if family else None
+
+
 def build_step(model: torch.nn.Module, cache: KVCache, cfg: GraphConfig) -> DecodeStep | None:
     """The capturable decode step of this model's family, or None (then decode stays eager)."""
     family = family_of(model)
