@@ -23,6 +23,7 @@ from pathlib import Path
 from chatapp.store.tempfiles import sweep
 from chatapp.store.validate import DAMAGED_SQL, chat_row
 from model.errors import UserError
+from model.paths import tui_home
 
 SCHEMA_VERSION = 2  # 2: messages.stop (a v1 store gains the column when opened writable)
 SCHEMA = """
@@ -69,8 +70,8 @@ class ChatChanged(StoreError):
 
 def data_home() -> Path:
     """`$NANOCHAT_TUI_HOME`, else `$XDG_DATA_HOME/nanochat-tui`, else ~/.local/share/nanochat-tui."""
-    if home := os.environ.get("NANOCHAT_TUI_HOME"):
-        return Path(home).expanduser()
+    if home := tui_home():
+        return home
     return Path(os.environ.get("XDG_DATA_HOME") or "~/.local/share").expanduser() / "nanochat-tui"
 
 

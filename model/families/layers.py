@@ -135,3 +135,29 @@ def rope_rows(cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, t: int, step
     if step is None:
         return cos[cache.pos:cache.pos + t], sin[cache.pos:cache.pos + t]
     return cos.index_select(0, step.posl), sin.index_select(0, step.posl)
+
+
+class LlamaShaped(nn.Module):
+    """What Llama and Gemma share around their layers: the KV cache they make, and rotary tables
+    as long as the longest cache made. A subclass sets `config` (Hugging Face's field names) and
+    `model` (its body: embed_tokens, layers, norm), then its own rotary tables from `rope_length`."""
+
+    def __init__(self, max_seq_len: int):
+        super().__init__()
+        self.max_seq_len = max_seq_len
+        self.cache_dtype: torch.dtype | None = None  # None: the weights' dtype (quantized models: fp16)
+        self.longest_cache = 0  # the rotary tables' length follows it (rope_length)
+        self.retired: list = []  # tables replaced by longer ones, kept alive for graphs captured on them
+
+    def new_cache(self, seq_len: int | None = None) -> KVCache:
+        c, p = self.config, self.model.norm.weight
+        cache = KVCache(1, c.num_key_value_heads, seq_len or self.max_seq_len, c.head_dim,
+                        c.num_hidden_layers, p.device, self.cache_dtype or p.dtype)
+        # only once it exists: a cache that failed to allocate must not size the rotary tables
+        self.longest_cache = max(self.longest_cache, cache.capacity)
+        return cache
+
+    def rope_length(self) -> int:
+        """Rotary tables cover the longest cache made, not the context the config claims: a
+        claimed 2**31 with a 4,096-token cache must not allocate 16 GB of tables (issue 27)."""
+        return self.longest_cache or min(self.max_seq_len, 1 << 16)

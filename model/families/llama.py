@@ -18,6 +18,7 @@ import torch.nn as nn
 from kvcache import Attention, KVCache
 from model.families.layers import (
     GatedMLP,
+    LlamaShaped,
     RMSNorm,
     apply_rotary,
     embedding,
@@ -25,6 +26,7 @@ from model.families.layers import (
     rope_rows,
     rotary_tables,
 )
+from model.limits import refuse_unsupported
 
 
 @dataclass
@@ -85,7 +87,7 @@ class LlamaConfig:
         architecture implies whatever the file says (Qwen2's biases). ValueError naming the
         key for what this module cannot run exactly."""
         d = {**d, **hf_rope(d)}
-        refuse_unsupported(d)
+        refuse_unsupported(d, UNSUPPORTED)
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in d.items() if k in known and k not in ("attention_bias", "qk_norm")}, **fixed)
 
@@ -139,13 +141,6 @@ UNSUPPORTED = [  # (config.json key, is its value one we cannot run, why)
      "only full_attention layers are supported"),
     ("partial_rotary_factor", lambda v: v != 1, "partial rotary is not supported"),
 ]
-
-
-def refuse_unsupported(d: dict) -> None:
-    """ValueError naming the first config.json key whose value this module would run wrongly."""
-    for key, bad, why in UNSUPPORTED:
-        if d.get(key) is not None and bad(d[key]):
-            raise ValueError(f"{key} {d[key]!r}: {why}")
 
 
 class SelfAttention(nn.Module):
@@ -203,34 +198,16 @@ class LlamaBody(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class Llama(nn.Module):
+class Llama(LlamaShaped):
     def __init__(self, cfg: LlamaConfig, attn: Attention | None = None):
-        super().__init__()
+        super().__init__(cfg.max_position_embeddings)
         self.config = cfg
         self.attn = attn or Attention("auto")
-        self.max_seq_len = cfg.max_position_embeddings
         self.model = LlamaBody(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # fp32 even in a bf16 model
-        self.cache_dtype: torch.dtype | None = None  # None: the weights' dtype (quantized models: fp16)
-        self.longest_cache = 0  # the rotary tables' length follows it (rope_length)
-        self.retired: list = []  # tables replaced by longer ones, kept alive for graphs captured on them
-
-    def new_cache(self, seq_len: int | None = None) -> KVCache:
-        c = self.config
-        p = self.model.norm.weight
-        cache = KVCache(1, c.num_key_value_heads, seq_len or self.max_seq_len, c.head_dim,
-                        c.num_hidden_layers, p.device, self.cache_dtype or p.dtype)
-        # only once it exists: a cache that failed to allocate must not size the rotary tables
-        self.longest_cache = max(self.longest_cache, cache.capacity)
-        return cache
-
-    def rope_length(self) -> int:
-        """Rotary tables cover the longest cache made, not the context the config claims: a
-        claimed 2**31 with a 4,096-token cache must not allocate 16 GB of tables (issue 27)."""
-        return self.longest_cache or min(self.max_seq_len, 1 << 16)
 
     def rope(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         n = self.rope_length()
