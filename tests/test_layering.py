@@ -181,3 +181,19 @@ def test_the_entry_point_and_the_bench_stay_out_of_the_app():
     assert [a for a, bs in edges.items() if "chatapp.cli" in bs] == []
     users = {a for a, bs in edges.items() if any(b.startswith("chatapp.bench") for b in bs)}
     assert {u for u in users if not u.startswith("chatapp.bench")} == {"chatapp.cli"}
+
+
+def test_test_modules_are_imported_under_one_name():
+    """`from tests.test_session import` beside `from test_session import` loads the module twice
+    (pytest imports test files by their bare name): each tests/ module goes by one name."""
+    names = {p.stem for p in (ROOT / "tests").glob("*.py")}
+    spellings: dict[str, set[str]] = {}
+    for path in (ROOT / "tests").glob("*.py"):
+        for node in imports(ast.parse(path.read_text())):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for m in mods:
+                stem = m.removeprefix("tests.")
+                if stem in names:
+                    spellings.setdefault(stem, set()).add(m)
+    assert {k: v for k, v in spellings.items() if len(v) > 1} == {}
+    assert "test_session" in spellings  # the check sees the imports it is about

@@ -4,6 +4,8 @@ reopens on the model it was made with (chatapp/store/chat_model.py)."""
 from pathlib import Path
 
 import pytest
+from gemma_tiny import save_tiny
+from test_snapshot import talk
 
 from chatapp.chat.events import Error, ModelSwitched
 from chatapp.chat.session import Session
@@ -16,8 +18,6 @@ from chatapp.store.database import ChatStore
 from chatapp.store.keeper import ChatKeeper
 from chatapp.store.models import choices
 from model.errors import UserError
-from tests.gemma_tiny import save_tiny
-from tests.test_snapshot import talk
 
 
 @pytest.fixture(scope="module")

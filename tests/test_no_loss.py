@@ -6,6 +6,7 @@ import json
 import sqlite3
 
 import pytest
+from test_session import assert_invariant
 
 from chatapp.chat.events import Error, Restored, TurnStats
 from chatapp.chat.session import Session
@@ -14,7 +15,6 @@ from chatapp.store.database import ChatStore, StoreError
 from chatapp.store.final_save import final_save
 from chatapp.store.keeper import ChatKeeper
 from chatapp.store.reopen import pairs
-from tests.test_session import assert_invariant
 
 
 def keeper_on(tiny, store) -> ChatKeeper:
