@@ -8,6 +8,8 @@ milliseconds (issue 27). The maxima are far above any model this app can run on 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from model.errors import ModelLoadError
 
 MAX_KEY = 1 << 16           # a metadata key or tensor name, bytes
@@ -77,3 +79,14 @@ def check_ids(ids, where: str) -> None:
     bad = next((i for i in ids if type(i) is not int or not 0 <= i < MAX_VOCAB), None)
     if bad is not None:
         raise ModelLoadError(f"{where}: token id {str(bad)[:30]} is outside 0..{MAX_VOCAB - 1:,}")
+
+
+Rules = list[tuple[str, Callable[[object], bool], str]]   # (key, is its value one we cannot run, why)
+
+
+def refuse_unsupported(values: Mapping, rules: Rules) -> None:
+    """ValueError naming the first key (of a config.json or GGUF metadata) whose value the module
+    would run wrongly: `{key} {value!r}: {why}`."""
+    for key, bad, why in rules:
+        if values.get(key) is not None and bad(values[key]):
+            raise ValueError(f"{key} {values[key]!r}: {why}")

@@ -152,6 +152,7 @@ def prefill_cases() -> None:
     new tokens in a 16-token bucket after 20 cached ones (5 rows of padding; Gemma's 8-key window
     crossed), norm weights off 1 so a weight on the wrong row or kind shows."""
     from model.decode.prefill_fused import fused_prefill_class
+    from model.decode.steps import family_name
     from model.families.llama import LlamaConfig
     from model.loading import LoadOptions
     from model.loading.random import random_llama
@@ -179,7 +180,7 @@ def prefill_cases() -> None:
             logits = torch.zeros(m.config.vocab_size)
             cache.k_cache[:, :, 20:] = 7.0   # a sentinel: what the step writes shows, and where
             cache.v_cache[:, :, 20:] = 7.0
-            step = fused_prefill_class(m)(m, cache, buf, torch.tensor([10]), logits)
+            step = fused_prefill_class(m, family_name(m))(m, cache, buf, torch.tensor([10]), logits)
             got = step().clone()
             beyond = bool((cache.k_cache[:, :, 36:] == 7).all() and (cache.v_cache[:, :, 36:] == 7).all())
             written = bool((cache.k_cache[:, :, 31:36] != 7).all() and (cache.v_cache[:, :, 31:36] != 7).all())

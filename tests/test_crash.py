@@ -8,13 +8,14 @@ CRASH_TRIALS / CRASH_SEED make this one longer: `CRASH_TRIALS=44 pytest tests/te
 
 import os
 
+from test_session import assert_invariant
+
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.keeper.keeper import ChatKeeper
 from chatapp.store.database import ChatStore
 from tests.crash_campaign import KINDS, campaign, report
 from tests.crash_ledger import read_disk
-from tests.test_session import assert_invariant
 
 TRIALS = int(os.environ.get("CRASH_TRIALS", str(len(KINDS))))
 SEED = int(os.environ.get("CRASH_SEED", "7"))

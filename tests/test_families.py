@@ -6,9 +6,8 @@ from pathlib import Path
 import torch
 
 from model.decode.graph_config import GraphConfig
-from model.decode.graphs import build_step
-from model.decode.llama_torch import LlamaTorchStep
-from model.decode.nanochat_torch import NanochatTorchStep
+from model.decode.steps import build_step
+from model.decode.torch_step import TorchStep
 from model.families.registry import FAMILIES, backend_family, family_of, for_architectures
 from model.loading import LoadOptions, load_model
 
@@ -22,8 +21,8 @@ def nanochat():
 def test_each_model_finds_its_family_and_its_step():
     llama, nano = load_model("random:tiny").model, nanochat()
     assert (family_of(llama).name, family_of(nano).name) == ("llama", "nanochat")
-    assert isinstance(build_step(llama, llama.new_cache(32), GraphConfig(fused=False)), LlamaTorchStep)
-    assert isinstance(build_step(nano, nano.new_cache(32), GraphConfig(fused=False)), NanochatTorchStep)
+    assert isinstance(build_step(llama, llama.new_cache(32), GraphConfig(fused=False)), TorchStep)
+    assert isinstance(build_step(nano, nano.new_cache(32), GraphConfig(fused=False)), TorchStep)
     assert family_of(torch.nn.Linear(2, 2)) is None
     assert build_step(torch.nn.Linear(2, 2), llama.new_cache(32), GraphConfig()) is None
 

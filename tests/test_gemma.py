@@ -18,7 +18,7 @@ from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.keeper.keeper import ChatKeeper
 from kvcache import KVCache
-from model.decode.gemma_torch import GemmaTorchStep
+from model.decode.torch_step import TorchStep
 from model.errors import ModelLoadError
 from model.families.gemma import SLIDING
 from model.loading import load_model
@@ -128,7 +128,7 @@ def test_windowed_layers_never_read_outside_their_window(variant):
                         k[:, :47 - w + 1] = 1e4
                         v[:, :47 - w + 1] = 1e4
             outs.append(m(ids[:, 47:55], cache))    # a prefill on top
-            step = GemmaTorchStep(m, cache)
+            step = TorchStep(m, cache)
             for t in ids[0, 55:60]:                 # and decode steps, past the poisoned region
                 step.tok.fill_(int(t))
                 outs.append(step().clone()[None, None])
@@ -146,7 +146,7 @@ def test_decode_step_equals_the_eager_forward(variant):
     with torch.no_grad():
         m(ids[:, :20], eager)
         m(ids[:, :20], stepped)
-        step = GemmaTorchStep(m, stepped)
+        step = TorchStep(m, stepped)
         for t in ids[0, 20:]:
             want = m(t.view(1, 1), eager)[0, 0]
             step.tok.fill_(int(t))

@@ -19,8 +19,8 @@ from chatapp.chat.settings import Settings
 from chatapp.keeper.keeper import ChatKeeper
 from model.decode.generate import Generator
 from model.decode.graph_config import GraphConfig
-from model.decode.graphs import build_step
 from model.decode.sampling import SamplingConfig
+from model.decode.steps import build_step
 from model.loading import LoadOptions, load_model
 from tests.gpu_helpers import assert_decode_noise, share_prefill
 
@@ -243,7 +243,7 @@ def test_fused_step_across_attention_split_layouts(lm):
     split, in a few, and in every split walking several key blocks (the last-arriver merge and
     the in-split block loop), over a cache the model itself filled (4,000 random tokens)."""
     from model.decode.llama_fused import LlamaFusedStep
-    from model.decode.llama_torch import LlamaTorchStep
+    from model.decode.torch_step import TorchStep
 
     cache = lm.model.new_cache(4096)
     ids = torch.randint(0, lm.tokenizer.vocab_size, (1, 4001), device="cuda",
@@ -252,7 +252,7 @@ def test_fused_step_across_attention_split_layouts(lm):
         for start in range(0, 4000, 500):
             lm.model(ids[:, start:start + 500], cache)
         # 8 splits: at 2,100 and 4,000 tokens each walks 3-4 blocks (128-key blocks on SmolLM2)
-        fused, ref = LlamaFusedStep(lm.model, cache, splits=8), LlamaTorchStep(lm.model, cache)
+        fused, ref = LlamaFusedStep(lm.model, cache, splits=8), TorchStep(lm.model, cache)
         splits, block = fused.decode_attn.splits, fused.decode_attn.block_n
         for pos in (0, 200, 700, 2100, 4000):
             for step in (ref, fused):  # each feeds the token the prefill put there: the cache stays the same

@@ -34,7 +34,7 @@ def test_padded_prefill_step_equals_eager_over_a_cache(spec):
     """11 new tokens in a 16-token bucket after 20 cached ones (Gemma's 8-key window is crossed):
     the step's logits for the last real token and the K/V of every real position equal the eager
     forward's, and the padding's K/V (written past the end) are never read by the next token."""
-    from model.families.registry import family_of
+    from model.decode.steps import prefill_step_for
 
     m = load_model(spec).model
     ref, cache = m.new_cache(64), m.new_cache(64)
@@ -46,7 +46,7 @@ def test_padded_prefill_step_equals_eager_over_a_cache(spec):
         buf = rand_ids(16, 2)[None].clone()  # the 5 padding tokens: whatever a buffer held before
         buf[0, :11] = new
         last, logits = torch.tensor([10]), torch.zeros(m.config.vocab_size)
-        step = family_of(m).build_prefill(m, cache, buf, last, logits)
+        step = prefill_step_for(m)(m, cache, buf, last, logits)
         got = step()
         assert cache.pos == 20  # the step leaves the cache to its caller
         cache.advance(11)

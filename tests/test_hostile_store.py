@@ -117,7 +117,7 @@ def test_export_of_a_chat_still_works(session, tmp_path):
 @pytest.mark.anyio
 async def test_the_tui_refuses_a_fifo_at_once_and_ctrl_q_still_quits(tmp_path):
     """`/file FIFO` hung the TUI, Esc did nothing and Ctrl+Q left the process alive (issue 27)."""
-    from tests.tui_pilot import make_app, notices, ready, submit
+    from tui_pilot import make_app, notices, ready, submit
 
     os.mkfifo(tmp_path / "fifo")
     app = make_app("--no-store")

@@ -1,7 +1,9 @@
-"""The house's shape, read off the real source: arrows go down only and no module cycles.
+"""The house's shape, read off the real source: arrows go down only, no module cycles and no
+cycles between folders.
 
-Every import counts, function-level ones included (a lazy import is still a dependency), except
-those under `if TYPE_CHECKING:`, which never run.
+Every import counts: function-level ones (a lazy import is still a dependency) and those under
+`if TYPE_CHECKING:` (a type a module names is a dependency of its design, and a cycle hidden
+there is still a cycle).
 """
 
 import ast
@@ -9,7 +11,30 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("chatapp", "model", "kvcache", "assets")
-LAYER = {"chatapp": 0, "model": 1, "kvcache": 2, "assets": 3}
+
+# The rooms, top to bottom: an import goes from a room to one below it, never up or sideways
+# out of order. A room is a folder (a package and everything in it) or a module at a package's
+# top level (chatapp/cli.py, model/errors.py); the package itself is its `__init__.py`.
+ROOMS = [
+    "chatapp.cli", "chatapp.bench", "chatapp.serve", "chatapp.tui", "chatapp.headless", "chatapp.remote",
+    "chatapp.launch", "chatapp.keeper", "chatapp.store", "chatapp.pull", "chatapp.config", "chatapp.options",
+    "chatapp.chat", "chatapp",
+    "model.loading", "model.decode", "model.families", "model.chat_formats", "model.tokenizers", "model.cpu",
+    "model.files", "model.limits", "model.paths", "model.errors", "model",
+    "kvcache", "assets",
+]
+# Module cycles known today, each named after what it is: one found passes only inside one of
+# these (it may shrink). Each goes when its fix lands; no new entry without an issue behind it.
+KNOWN_CYCLES: dict[str, set[str]] = {
+    # issue 25, the keeper helper: the keeper imports branch/switch, which call back into it
+    # (TYPE_CHECKING imports of ChatKeeper); chatapp/keeper/ replaces all five.
+    "store keeper <-> branch/switch": {"chatapp.store.branch", "chatapp.store.chat_model", "chatapp.store.keeper",
+                                      "chatapp.store.rollback", "chatapp.store.switch"},
+    # The session's helpers name `Session` under TYPE_CHECKING for their type hints.
+    "chat session <-> its helpers' type hints": {"chatapp.chat.reply", "chatapp.chat.respond", "chatapp.chat.session",
+                                                 "chatapp.chat.stats", "chatapp.chat.trim", "chatapp.chat.undoable",
+                                                 "chatapp.chat.whole"},
+}
 
 
 def module_name(path: Path) -> str:
@@ -21,22 +46,29 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
 
 
-def runtime_imports(tree: ast.AST):
-    """Import nodes, skipping `if TYPE_CHECKING:` bodies."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            yield from (n for child in node.orelse for n in runtime_imports(ast.Module([child], [])))
-            continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        yield from runtime_imports(node)
+WHOLE = ("kvcache", "assets")  # packages that are one room each, however many files they hold
+
+
+def room(name: str, path: Path) -> str:
+    """The folder a module lives in, or the module itself at a package's top level."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    if parts[0] in WHOLE:
+        return parts[0]
+    if path.name == "__init__.py":
+        return ".".join(parts[:-1][:2])
+    return ".".join(parts[:2]) if len(parts) > 2 else name
+
+
+def imports(tree: ast.AST):
+    """Every import node, at any depth (functions and `if TYPE_CHECKING:` bodies included)."""
+    return (n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)))
 
 
 def graph() -> dict[str, set[str]]:
     mods = modules()
     edges: dict[str, set[str]] = {m: set() for m in mods}
     for name, path in mods.items():
-        for node in runtime_imports(ast.parse(path.read_text())):
+        for node in imports(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             else:
@@ -46,8 +78,17 @@ def graph() -> dict[str, set[str]]:
     return edges
 
 
+def room_graph() -> dict[str, set[str]]:
+    mods = modules()
+    rooms = {m: room(m, p) for m, p in mods.items()}
+    edges: dict[str, set[str]] = {r: set() for r in rooms.values()}
+    for a, bs in graph().items():
+        edges[rooms[a]] |= {rooms[b] for b in bs if rooms[b] != rooms[a]}
+    return edges
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan)."""
+    """Strongly connected components of more than one node (Tarjan)."""
     index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
 
     def visit(v: str) -> None:
@@ -81,18 +122,59 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_sees_real_imports():
     edges = graph()
     assert "chatapp.chat.session" in edges["chatapp.keeper.keeper"]
-    assert "kvcache.cache" in edges["model.families.llama"] or "kvcache" in edges["model.families.llama"]
+    assert "model.families.layers" in edges["model.families.llama"]
+    assert "kvcache" in edges["model.families.llama"]
     assert cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
 
 
+def test_imports_under_type_checking_count():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from model.families import llama\n")
+    assert [n.module for n in imports(tree) if isinstance(n, ast.ImportFrom)] == ["typing", "model.families"]
+
+
+def test_rooms_are_folders_and_top_level_modules():
+    mods = modules()
+    assert room("model.decode.graphs", mods["model.decode.graphs"]) == "model.decode"
+    assert room("model.decode", mods["model.decode"]) == "model.decode"
+    assert room("model.errors", mods["model.errors"]) == "model.errors"
+    assert room("model", mods["model"]) == "model"
+    assert room("chatapp.tui.app", mods["chatapp.tui.app"]) == "chatapp.tui"
+    assert room("kvcache.cache", mods["kvcache.cache"]) == "kvcache"
+
+
 def test_no_import_cycles_between_modules():
-    assert cycles(graph()) == []
+    unknown = [c for c in cycles(graph()) if not any(set(c) <= known for known in KNOWN_CYCLES.values())]
+    assert unknown == []
+
+
+def test_a_known_cycle_allows_only_itself():
+    found = cycles({"chatapp.store.keeper": {"chatapp.store.switch"}, "chatapp.store.switch": {"chatapp.store.keeper"},
+                    "model.cpu.step": {"model.decode.steps"}, "model.decode.steps": {"model.cpu.step"}})
+    assert [c for c in found if not any(set(c) <= k for k in KNOWN_CYCLES.values())] == [
+        ["model.cpu.step", "model.decode.steps"]]
+
+
+def test_no_import_cycles_between_folders():
+    assert cycles(room_graph()) == []
+
+
+def test_every_room_has_its_place():
+    assert set(room_graph()) - set(ROOMS) == set(), "add the new folder to ROOMS, where it belongs"
 
 
 def test_arrows_go_down_only():
-    up = [(a, b) for a, bs in graph().items() for b in bs
-          if LAYER[b.split(".")[0]] < LAYER[a.split(".")[0]]]
-    assert up == []
+    rank = {r: i for i, r in enumerate(ROOMS)}
+    up = {(a, b) for a, bs in room_graph().items() for b in bs if a in rank and b in rank and rank[b] < rank[a]}
+    assert up == set()
+
+
+def test_the_kernels_import_no_family():
+    """Steps take the model they serve; only the step table (decode/steps.py) and what asks it
+    which family a model is read the registry, and nothing in decode/ or cpu/ imports a family's file."""
+    edges = graph()
+    found = {(a, b) for a, bs in edges.items() if a.startswith(("model.decode", "model.cpu"))
+             for b in bs if b.startswith("model.families") and b != "model.families.registry"}
+    assert found == set()
 
 
 def test_the_entry_point_and_the_bench_stay_out_of_the_app():
@@ -127,3 +209,26 @@ def test_the_store_is_persistence_and_the_keeper_owns_its_state():
             assert not {n for n in names if n.startswith(faces)}, name
             if name != "chatapp.keeper.keeper":
                 assert not {n for n in names if n.startswith("chatapp.keeper.keeper")}, name
+
+
+def test_test_modules_are_imported_under_one_name():
+    """`from tests.test_session import` beside `from test_session import` loads the module twice
+    (pytest imports test files by their bare name): each tests/ module goes by one name."""
+    names = {p.stem for p in (ROOT / "tests").glob("*.py")}
+    spellings: dict[str, set[str]] = {}
+    for path in (ROOT / "tests").glob("*.py"):
+        for node in imports(ast.parse(path.read_text())):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for m in mods:
+                stem = m.removeprefix("tests.")
+                if stem in names:
+                    spellings.setdefault(stem, set()).add(m)
+    assert {k: v for k, v in spellings.items() if len(v) > 1} == {}
+    assert "test_session" in spellings  # the check sees the imports it is about
+
+
+def test_no_python_file_in_model_over_300_lines():
+    """One idea a file: past 300 lines a module holds two (the C step's sources are exempt)."""
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "model").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 300}
+    assert long == {}

@@ -4,6 +4,8 @@ reopens on the model it was made with (chatapp/keeper/chat_model.py)."""
 from pathlib import Path
 
 import pytest
+from gemma_tiny import save_tiny
+from test_snapshot import talk
 
 from chatapp.chat.events import Error, ModelSwitched
 from chatapp.chat.session import Session
@@ -16,8 +18,6 @@ from chatapp.pull import fetch
 from chatapp.pull.resolve import resolve
 from chatapp.store.database import ChatStore
 from model.errors import UserError
-from tests.gemma_tiny import save_tiny
-from tests.test_snapshot import talk
 
 
 @pytest.fixture(scope="module")

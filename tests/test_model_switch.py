@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_session import assert_invariant, assert_transcript
+from test_snapshot import reopen, talk
 
 from chatapp.chat.events import Error, ModelSwitched, Prefilling, TurnStats
 from chatapp.chat.session import Session
@@ -19,8 +21,6 @@ from chatapp.store.database import ChatStore
 from chatapp.store.identity import Fingerprint
 from chatapp.store.snapshots import scan
 from model.loading import LoadOptions, load_model
-from tests.test_session import assert_invariant, assert_transcript
-from tests.test_snapshot import reopen, talk
 
 FIX = Path(__file__).parent / "fixtures" / "nanochat"
 SETTINGS = dict(temperature=0.0, max_new_tokens=8)

@@ -6,6 +6,7 @@ import json
 import sqlite3
 
 import pytest
+from test_session import assert_invariant
 
 from chatapp.chat.events import Error, Restored, TurnStats
 from chatapp.chat.session import Session
@@ -15,7 +16,6 @@ from chatapp.keeper.keeper import ChatKeeper
 from chatapp.keeper.reopen import pairs
 from chatapp.store.database import ChatStore
 from chatapp.store.records import StoreError
-from tests.test_session import assert_invariant
 
 
 def keeper_on(tiny, store) -> ChatKeeper:

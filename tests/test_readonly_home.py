@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from test_readonly_store import as_other_user
 
 from model.cpu import native
-from tests.test_readonly_store import as_other_user
 
 PROBE = ("from model.cpu import native; lib = native.library(); "
          "print('built' if lib else 'none: ' + native.why_not())")

@@ -1,11 +1,11 @@
 """Session.respond_to: a whole message list in, the longest cached token prefix reused."""
 
 import pytest
+from test_session import assert_invariant, assert_transcript
 
 from chatapp.chat.events import Error, TurnStats
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
-from tests.test_session import assert_invariant, assert_transcript
 
 
 def turn_of(events) -> TurnStats:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_session import assert_invariant, assert_transcript
 
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
@@ -20,7 +21,6 @@ from chatapp.store.snapshots import MAX_SEGMENTS
 from model.families.llama import LlamaConfig
 from model.loading import LoadedModel, LoadOptions, load_model
 from model.loading.random import PRESETS, random_llama
-from tests.test_session import assert_invariant, assert_transcript
 
 FIX = Path(__file__).parent / "fixtures" / "nanochat"
 

@@ -14,6 +14,7 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from test_session import assert_invariant, assert_transcript
 
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
@@ -21,7 +22,6 @@ from chatapp.keeper.keeper import ChatKeeper
 from chatapp.keeper.reopen import archived, stored_conversation
 from chatapp.store.database import ChatStore
 from model.loading import load_model
-from tests.test_session import assert_invariant, assert_transcript
 
 LM = load_model("random:tiny")  # one model for every machine hypothesis builds
 CONTEXT = 256                    # small, so long messages make the session trim

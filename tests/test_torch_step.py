@@ -1,6 +1,7 @@
-"""The capturable PyTorch decode steps (what the CUDA graph replays) equal the eager forward, on the CPU.
+"""The capturable PyTorch decode step (what the CUDA graph replays: each family's own forward,
+called with the position on the device) equals the eager forward, on the CPU.
 
-They read the position from `cache_seqlens` instead of the host mirror and mask attention
+It reads the position from `cache_seqlens` instead of the host mirror and mask attention
 over the whole capacity; on the CPU (no flash backend) they take the SDPA path, bit for bit
 the same maths as the eager model, so the comparison is exact up to SDPA's masked sums.
 """
@@ -10,8 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.decode.llama_torch import LlamaTorchStep
-from model.decode.nanochat_torch import NanochatTorchStep
+from model.decode.torch_step import TorchStep
 from model.families.llama import LlamaConfig
 from model.loading import LoadOptions, load_model
 from model.loading.random import PRESETS, random_llama
@@ -20,7 +20,7 @@ FIX = Path(__file__).parent / "fixtures" / "nanochat"
 NANOCHAT = ["oct2025", "jan2026", "mar2026a", "head"]
 
 
-def step_vs_eager(model, step_cls, prompt: int = 9, tokens=(5, 17, 3)) -> float:
+def step_vs_eager(model, step_cls=TorchStep, prompt: int = 9, tokens=(5, 17, 3)) -> float:
     """Largest |logit difference| between the step and the eager forward over a few tokens."""
     ids = torch.randint(0, 200, (1, prompt), generator=torch.Generator().manual_seed(prompt))
     ref_cache, cache = model.new_cache(64), model.new_cache(64)
@@ -39,7 +39,7 @@ def step_vs_eager(model, step_cls, prompt: int = 9, tokens=(5, 17, 3)) -> float:
 
 
 def test_llama_torch_step_equals_eager():
-    assert step_vs_eager(load_model("random:tiny").model, LlamaTorchStep) < 1e-4
+    assert step_vs_eager(load_model("random:tiny").model, TorchStep) < 1e-4
 
 
 @pytest.mark.parametrize("extra", [
@@ -55,10 +55,10 @@ def test_llama_shapes_torch_step_equals_eager(extra):
         for name, p in model.named_parameters():
             if name.endswith("bias") or "q_norm" in name or "k_norm" in name:
                 p.normal_(1.0 if "norm" in name else 0.0, 0.5)
-    assert step_vs_eager(model, LlamaTorchStep) < 1e-4
+    assert step_vs_eager(model, TorchStep) < 1e-4
 
 
 @pytest.mark.parametrize("name", NANOCHAT)
 def test_nanochat_torch_step_equals_eager(name):
     opts = LoadOptions(tokenizer=str(FIX / "tokenizer" / "tokenizer.pkl"), attn="sdpa")
-    assert step_vs_eager(load_model(str(FIX / name), opts).model, NanochatTorchStep) < 1e-4
+    assert step_vs_eager(load_model(str(FIX / name), opts).model, TorchStep) < 1e-4

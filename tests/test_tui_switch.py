@@ -4,12 +4,12 @@ the turn worker with its progress in the cache panel, and the header names the n
 from __future__ import annotations
 
 import pytest
+from test_session import assert_invariant
 from textual.widgets import OptionList
 from tui_pilot import make_app, notices, ready, replies, submit, until
 
 from chatapp.keeper.models import DEFAULT
 from chatapp.tui.model_screen import ModelScreen
-from tests.test_session import assert_invariant
 
 SIZE = (120, 40)
 pytestmark = pytest.mark.anyio

@@ -23,6 +23,7 @@ from chatapp.store import schema
 from chatapp.store.records import ChatChanged, ChatRecord, ChatSummary, StoredMessage, StoreError, describe
 from chatapp.store.tempfiles import sweep
 from chatapp.store.validate import DAMAGED_SQL, chat_row
+from model.paths import tui_home
 
 
 def writable(path: Path) -> bool:
@@ -33,8 +34,8 @@ def writable(path: Path) -> bool:
 
 def data_home() -> Path:
     """`$NANOCHAT_TUI_HOME`, else `$XDG_DATA_HOME/nanochat-tui`, else ~/.local/share/nanochat-tui."""
-    if home := os.environ.get("NANOCHAT_TUI_HOME"):
-        return Path(home).expanduser()
+    if home := tui_home():
+        return home
     return Path(os.environ.get("XDG_DATA_HOME") or "~/.local/share").expanduser() / "nanochat-tui"
 
 

@@ -13,16 +13,14 @@ import torch
 
 from kvcache import KVCache
 from model.cpu import native
+from model.cpu.qlinear import QLinear
 
 
 def build_cpu_step(model: torch.nn.Module, cache: KVCache) -> CpuStep | None:
-    """The C step for a model whose linears are QLinears (a GGUF on the CPU's default path),
-    else None (the eager forward decodes)."""
-    from model.cpu.qlinear import QLinear
-    from model.families.gemma import Gemma  # lazy: the model modules import the kvcache beside this one
-    from model.families.llama import Llama
-
-    if not isinstance(model, Llama | Gemma) or not isinstance(model.lm_head, QLinear) or native.library() is None:
+    """The C step for a Llama-shaped or Gemma 3 model (the caller knows which families those are:
+    model/decode/steps.py) whose linears are QLinears (a GGUF on the CPU's default path), else
+    None (the eager forward decodes)."""
+    if not isinstance(model.lm_head, QLinear) or native.library() is None:
         return None
     return CpuStep(model, cache)
 

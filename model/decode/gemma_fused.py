@@ -25,7 +25,6 @@ from model.decode.decode_attention import DecodeAttention
 from model.decode.gemv import ACT_GEGLU, load_rows, load_vec, norm_gemv, pdl_supported
 from model.decode.llama_fused import pack_rows
 from model.decode.qkv_rope import head_norm_rope
-from model.families.gemma import Gemma
 
 
 @triton.jit
@@ -92,9 +91,9 @@ def one_plus(w: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
 
 
 class GemmaFusedStep:
-    """Same contract as GemmaTorchStep: feed `tok` at cache_seqlens, write `logits`."""
+    """Same contract as TorchStep (torch_step.py): feed `tok` at cache_seqlens, write `logits`."""
 
-    def __init__(self, model: Gemma, cache: KVCache, attn: str = "triton", splits: int = 0,
+    def __init__(self, model: torch.nn.Module, cache: KVCache, attn: str = "triton", splits: int = 0,
                  num_splits: int = 1, pdl: bool = True, win_splits: int = 0, head_add: bool = False,
                  head_block: tuple[int, int] = (0, 0)):
         c = model.config

@@ -15,11 +15,11 @@ import warnings
 import torch
 
 from kvcache import KVCache
-from model.cpu.step import build_cpu_step
 from model.decode.graph_config import GraphConfig
 from model.decode.graphs import GraphDecoder
 from model.decode.prefill_graphs import PrefillGraphs, chunk_tokens
 from model.decode.sampling import WINDOW_MAX, SamplingConfig, sample_token
+from model.decode.steps import cpu_step
 
 
 class Generator:
@@ -43,7 +43,7 @@ class Generator:
         if self.prefill_graphs is not None and prefill_chunk is None:
             # A caller's chunks (a trim's progress steps) then split a prefill where one call would.
             self.prefill_chunk = self.prefill_graphs.max_bucket
-        self.cpu_step = build_cpu_step(model, cache) if self.device.type == "cpu" else None
+        self.cpu_step = cpu_step(model, cache) if self.device.type == "cpu" else None
 
     def _make_graphs(self, cfg: GraphConfig | None | str):
         """On CUDA, decode through a captured graph (model/decode/graphs.py); eager if that is off or

@@ -24,13 +24,7 @@ from kvcache import KVCache
 from model.decode import triton_available
 from model.decode.graph_config import GraphConfig
 from model.decode.sampling import DeviceSampler, SamplingConfig
-from model.families.registry import DecodeStep, family_of
-
-
-def build_step(model: torch.nn.Module, cache: KVCache, cfg: GraphConfig) -> DecodeStep | None:
-    """The capturable decode step of this model's family, or None (then decode stays eager)."""
-    family = family_of(model)
-    return family.build_step(model, cache, cfg) if family else None
+from model.decode.steps import build_step
 
 
 class GraphDecoder:

@@ -17,7 +17,6 @@ from kvcache import KVCache
 from model.decode.decode_attention import DecodeAttention
 from model.decode.gemv import ACT_SWIGLU, gemv_residual, norm_gemv, pdl_supported
 from model.decode.qkv_rope import head_norm_rope, norm_qkv_rope
-from model.families.llama import Llama
 
 
 def pack_rows(linears: list[torch.nn.Linear]) -> torch.Tensor:
@@ -50,9 +49,9 @@ class _Layer:
 
 
 class LlamaFusedStep:
-    """Same contract as LlamaTorchStep: feed `tok` at cache_seqlens, write `logits`."""
+    """Same contract as TorchStep (torch_step.py): feed `tok` at cache_seqlens, write `logits`."""
 
-    def __init__(self, model: Llama, cache: KVCache, attn: str = "triton", splits: int = 0,
+    def __init__(self, model: torch.nn.Module, cache: KVCache, attn: str = "triton", splits: int = 0,
                  num_splits: int = 1, pdl: bool = True):
         cfg = model.config
         self.model, self.cache, self.cfg = model, cache, cfg

@@ -16,15 +16,14 @@ import torch.nn.functional as F
 from model.decode.llama_fused import pack_rows
 from model.decode.prefill_kernels import glu, residual_norm, rope_cache
 from model.decode.prefill_step import GemmaPrefillStep, LlamaPrefillStep
-from model.families.gemma import Gemma
-from model.families.llama import Llama
 
 
-def fusable(model: torch.nn.Module) -> bool:
-    """Llama (no per-head q/k norms) and Gemma 3, bf16 or fp32 weights (not the quantized layers)."""
-    if not isinstance(model, Llama | Gemma) or not isinstance(model.lm_head, torch.nn.Linear):
+def fusable(model: torch.nn.Module, family: str | None) -> bool:
+    """Llama (no per-head q/k norms) and Gemma 3, bf16 or fp32 weights (not the quantized layers).
+    `family`: the model's family name (model/decode/steps.py's family_name)."""
+    if family not in ("llama", "gemma3") or not isinstance(model.lm_head, torch.nn.Linear):
         return False
-    if isinstance(model, Llama) and model.config.qk_norm:
+    if family == "llama" and model.config.qk_norm:
         return False
     half = model.config.head_dim // 2
     if half < 1 or half & (half - 1):   # the rotary kernel holds a head's halves as power-of-two blocks
@@ -46,7 +45,7 @@ def _packed(layer) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
 class LlamaFusedPrefillStep(LlamaPrefillStep):
     name = "fused"
 
-    def __init__(self, model: Llama, *args, **kw):
+    def __init__(self, model: torch.nn.Module, *args, **kw):
         super().__init__(model, *args, **kw)
         self.packed = [_packed(layer) for layer in model.model.layers]
 
@@ -73,7 +72,7 @@ class LlamaFusedPrefillStep(LlamaPrefillStep):
 class GemmaFusedPrefillStep(GemmaPrefillStep):
     name = "fused"
 
-    def __init__(self, model: Gemma, *args, **kw):
+    def __init__(self, model: torch.nn.Module, *args, **kw):
         super().__init__(model, *args, **kw)
         self.packed = [_packed(layer) for layer in model.model.layers]
 
@@ -100,7 +99,7 @@ class GemmaFusedPrefillStep(GemmaPrefillStep):
         return x[None]
 
 
-def fused_prefill_class(model: torch.nn.Module) -> type | None:
-    if not fusable(model):
+def fused_prefill_class(model: torch.nn.Module, family: str | None) -> type | None:
+    if not fusable(model, family):
         return None
-    return GemmaFusedPrefillStep if isinstance(model, Gemma) else LlamaFusedPrefillStep
+    return GemmaFusedPrefillStep if family == "gemma3" else LlamaFusedPrefillStep

@@ -16,7 +16,7 @@ import torch
 
 from kvcache import KVCache
 from model.decode import triton_available
-from model.families.registry import family_of
+from model.decode.steps import family_name, prefill_step_for
 
 BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
@@ -55,7 +55,7 @@ def fused_step(model: torch.nn.Module, cache: KVCache) -> type | None:
         return None
     from model.decode.prefill_fused import fused_prefill_class  # lazy: imports triton
 
-    return fused_prefill_class(model)
+    return fused_prefill_class(model, family_name(model))
 
 
 class PrefillGraphs:
@@ -63,8 +63,8 @@ class PrefillGraphs:
 
     def __init__(self, model: torch.nn.Module, cache: KVCache, num_splits: int = 1, max_bucket: int = 0,
                  fused: bool = False):
-        family = family_of(model)
-        if family is None or family.build_prefill is None:
+        plain = prefill_step_for(model)
+        if plain is None:
             raise NotImplementedError(f"no capturable prefill for {type(model).__name__}")
         make = fused_step(model, cache) if fused else None
         self.kind = "fused" if make is not None else "modules"  # which step the graphs capture
@@ -72,7 +72,7 @@ class PrefillGraphs:
         self.buckets = tuple(b for b in BUCKETS if b <= limit) or BUCKETS[:1]
         self.max_bucket = self.buckets[-1]
         self.model, self.cache, self.num_splits = model, cache, num_splits
-        self.make = make or family.build_prefill
+        self.make = make or plain
         dev = cache.device
         self.ids = torch.zeros(1, self.max_bucket, dtype=torch.long, device=dev)
         self.last = torch.zeros(1, dtype=torch.long, device=dev)

@@ -19,8 +19,6 @@ import torch.nn.functional as F
 
 from kvcache import Attention, KVCache
 from kvcache.attention import window_kernel_runs
-from model.families.gemma import Gemma
-from model.families.llama import Llama
 
 
 class PrefillAttention:
@@ -67,7 +65,7 @@ class PrefillStep:
     """`step()` pushes `ids` (1, B) through the model at cache_seqlens and writes the logits of
     row `last` into `logits`. The caller advances the cache by the real token count."""
 
-    def __init__(self, model: Llama | Gemma, cache: KVCache, ids: torch.Tensor, last: torch.Tensor,
+    def __init__(self, model: torch.nn.Module, cache: KVCache, ids: torch.Tensor, last: torch.Tensor,
                  logits: torch.Tensor, num_splits: int = 1):
         self.model, self.cache, self.ids, self.last, self.logits = model, cache, ids, last, logits
         b, dev = ids.shape[1], cache.device

@@ -26,7 +26,8 @@ import torch
 import torch.nn as nn
 
 from kvcache import Attention, KVCache
-from model.families.layers import GatedMLP, apply_rotary, embedding, gelu_tanh, rotary_tables
+from model.families.layers import GatedMLP, LlamaShaped, apply_rotary, embedding, gelu_tanh, rope_rows, rotary_tables
+from model.limits import refuse_unsupported
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -83,7 +84,7 @@ class GemmaConfig:
     def from_dict(cls, d: dict, **fixed) -> GemmaConfig:
         """From a Gemma3ForCausalLM config.json (transformers 4 or 5 layout). ValueError
         naming the key for what this module cannot run exactly."""
-        refuse_unsupported(d)
+        refuse_unsupported(d, UNSUPPORTED)
         out = {k: d[k] for k in cls.__dataclass_fields__ if k in d and d[k] is not None}
         out.pop("layer_types", None)
         if d.get("layer_types") is not None:
@@ -130,12 +131,6 @@ UNSUPPORTED = [  # (config.json key, is its value one we cannot run, why)
     ("use_bidirectional_attention", bool, "bidirectional attention is not supported"),
     ("num_experts", bool, "mixture-of-experts models are not supported"),
 ]
-
-
-def refuse_unsupported(d: dict) -> None:
-    for key, bad, why in UNSUPPORTED:
-        if d.get(key) is not None and bad(d[key]):
-            raise ValueError(f"{key} {d[key]!r}: {why}")
 
 
 class GemmaRMSNorm(nn.Module):
@@ -217,33 +212,16 @@ class GemmaBody(nn.Module):
         self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class Gemma(nn.Module):
+class Gemma(LlamaShaped):
     def __init__(self, cfg: GemmaConfig, attn: Attention | None = None):
-        super().__init__()
+        super().__init__(cfg.max_position_embeddings)
         self.config = cfg
         self.attn = attn or Attention("auto")
-        self.max_seq_len = cfg.max_position_embeddings
         self.model = GemmaBody(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self._rope: dict[bool, tuple[torch.Tensor, torch.Tensor]] | None = None
-        self.cache_dtype: torch.dtype | None = None  # None: the weights' dtype (quantized models: fp16)
-        self.longest_cache = 0  # the rotary tables' length follows it (rope_length)
-        self.retired: list = []  # tables replaced by longer ones, kept alive for graphs captured on them
-
-    def new_cache(self, seq_len: int | None = None) -> KVCache:
-        c, p = self.config, self.model.norm.weight
-        cache = KVCache(1, c.num_key_value_heads, seq_len or self.max_seq_len, c.head_dim,
-                        c.num_hidden_layers, p.device, self.cache_dtype or p.dtype)
-        # only once it exists: a cache that failed to allocate must not size the rotary tables
-        self.longest_cache = max(self.longest_cache, cache.capacity)
-        return cache
-
-    def rope_length(self) -> int:
-        """Rotary tables cover the longest cache made, not the context the config claims: a
-        claimed 2**31 with a 4,096-token cache must not allocate 16 GB of tables (issue 27)."""
-        return self.longest_cache or min(self.max_seq_len, 1 << 16)
 
     def rope(self, device: torch.device) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
         """fp32 (cos, sin) tables keyed by "is the layer sliding": two rotary bases."""
@@ -267,15 +245,17 @@ class Gemma(nn.Module):
         cap = self.config.final_logit_softcapping
         return cap * torch.tanh(logits / cap) if cap else logits
 
-    def forward(self, idx: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, cache: KVCache, last: bool = False, step=None) -> torch.Tensor:
         """Logits (fp32) for the new tokens `idx` (B, T), or the last one only (`last`); their
-        K/V land in `cache`."""
+        K/V land in `cache`. `step`: one token at the device position, the cache not advanced
+        (the capturable decode step, model/decode/torch_step.py)."""
         t = idx.shape[1]
-        cache.check_fits(t)  # before any layer writes: an overflow leaves the cache as it was
-        pos = cache.pos
-        rope = {k: (cos[pos:pos + t], sin[pos:pos + t]) for k, (cos, sin) in self.rope(idx.device).items()}
+        if step is None:
+            cache.check_fits(t)  # before any layer writes: an overflow leaves the cache as it was
+        rope = {k: rope_rows(cos, sin, cache, t, step) for k, (cos, sin) in self.rope(idx.device).items()}
         x = self.embed(idx)
         for layer in self.model.layers:
-            x = layer(x, rope, cache, self.attn)
-        cache.advance(t)
+            x = layer(x, rope, cache, step or self.attn)
+        if step is None:
+            cache.advance(t)
         return self.head(x[:, -1:] if last else x)

@@ -1,4 +1,4 @@
-"""What the model families share: norms, rotary embeddings, MLPs and the decode step's attention call.
+"""What the model families share: norms, rotary embeddings and MLPs.
 
 Rotary convention (one for the whole tree). `rotary_tables` gives the cos and sin of the
 angles pos * theta^(-2i/D), i < D/2, as (length, D/2) tables. `apply_rotary` rotates each
@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kvcache import Attention, KVCache
+from kvcache import KVCache
 
 
 class RMSNorm(nn.Module):
@@ -129,35 +129,35 @@ class ReLU2(nn.Module):
         return self.c_proj(F.relu(self.c_fc(x)).square())
 
 
-class StepAttention:
-    """The attention call of a capturable one-token decode step: the new token, at position
-    `pos` (a device tensor), against one layer's cache. Flash reads the key count from
-    `seqlens_k`; SDPA masks over the whole capacity. Either way no shape depends on the
-    position, so a CUDA graph of the step holds at any position."""
+def rope_rows(cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, t: int, step) -> tuple[torch.Tensor, ...]:
+    """The rotary rows of the `t` new tokens: from the host position, or, in a decode step
+    (`step`, model/decode/torch_step.py), from the device one, so no shape or index depends on it."""
+    if step is None:
+        return cos[cache.pos:cache.pos + t], sin[cache.pos:cache.pos + t]
+    return cos.index_select(0, step.posl), sin.index_select(0, step.posl)
 
-    def __init__(self, attn: Attention, cache: KVCache, num_splits: int = 1):
-        dev = cache.device
-        probe = torch.empty(1, 1, 1, 1, device=dev, dtype=cache.dtype)
-        flash = attn.flash
-        self.flash = flash if flash is not None and flash.can_serve(probe, (-1, -1), 0.0) else None
-        self.num_splits = num_splits  # pinned: capture and replay must agree
-        self.key_pos = torch.arange(cache.capacity, device=dev)
-        self.seqlens_k = torch.zeros(1, dtype=torch.int32, device=dev)
-        self.name = self.flash.name if self.flash else "sdpa"
 
-    def start(self, pos: torch.Tensor) -> None:
-        """Once a step, before its layers: the key count flash reads, the new token included."""
-        torch.add(pos, 1, out=self.seqlens_k)
+class LlamaShaped(nn.Module):
+    """What Llama and Gemma share around their layers: the KV cache they make, and rotary tables
+    as long as the longest cache made. A subclass sets `config` (Hugging Face's field names) and
+    `model` (its body: embed_tokens, layers, norm), then its own rotary tables from `rope_length`."""
 
-    def __call__(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor,
-                 window: tuple[int, int] = (-1, -1)) -> torch.Tensor:
-        """q: (1, 1, Hq, D); kc, vc: (1, T, Hk, D) with the new token's K/V already written."""
-        if self.flash is not None and (window == (-1, -1) or self.flash.windows):
-            return self.flash.fn(q, kc, vc, cache_seqlens=self.seqlens_k, causal=True, window_size=window,
-                                 num_splits=self.num_splits)
-        mask = self.key_pos <= pos
-        if window[0] >= 0:
-            mask = mask & (self.key_pos >= pos - window[0])
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2),
-                                             attn_mask=mask[None, None, None, :], enable_gqa=True)
-        return out.transpose(1, 2)
+    def __init__(self, max_seq_len: int):
+        super().__init__()
+        self.max_seq_len = max_seq_len
+        self.cache_dtype: torch.dtype | None = None  # None: the weights' dtype (quantized models: fp16)
+        self.longest_cache = 0  # the rotary tables' length follows it (rope_length)
+        self.retired: list = []  # tables replaced by longer ones, kept alive for graphs captured on them
+
+    def new_cache(self, seq_len: int | None = None) -> KVCache:
+        c, p = self.config, self.model.norm.weight
+        cache = KVCache(1, c.num_key_value_heads, seq_len or self.max_seq_len, c.head_dim,
+                        c.num_hidden_layers, p.device, self.cache_dtype or p.dtype)
+        # only once it exists: a cache that failed to allocate must not size the rotary tables
+        self.longest_cache = max(self.longest_cache, cache.capacity)
+        return cache
+
+    def rope_length(self) -> int:
+        """Rotary tables cover the longest cache made, not the context the config claims: a
+        claimed 2**31 with a 4,096-token cache must not allocate 16 GB of tables (issue 27)."""
+        return self.longest_cache or min(self.max_seq_len, 1 << 16)

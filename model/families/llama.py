@@ -16,7 +16,17 @@ import torch
 import torch.nn as nn
 
 from kvcache import Attention, KVCache
-from model.families.layers import GatedMLP, RMSNorm, apply_rotary, embedding, llama3_freq_factors, rotary_tables
+from model.families.layers import (
+    GatedMLP,
+    LlamaShaped,
+    RMSNorm,
+    apply_rotary,
+    embedding,
+    llama3_freq_factors,
+    rope_rows,
+    rotary_tables,
+)
+from model.limits import refuse_unsupported
 
 
 @dataclass
@@ -77,7 +87,7 @@ class LlamaConfig:
         architecture implies whatever the file says (Qwen2's biases). ValueError naming the
         key for what this module cannot run exactly."""
         d = {**d, **hf_rope(d)}
-        refuse_unsupported(d)
+        refuse_unsupported(d, UNSUPPORTED)
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in d.items() if k in known and k not in ("attention_bias", "qk_norm")}, **fixed)
 
@@ -131,13 +141,6 @@ UNSUPPORTED = [  # (config.json key, is its value one we cannot run, why)
      "only full_attention layers are supported"),
     ("partial_rotary_factor", lambda v: v != 1, "partial rotary is not supported"),
 ]
-
-
-def refuse_unsupported(d: dict) -> None:
-    """ValueError naming the first config.json key whose value this module would run wrongly."""
-    for key, bad, why in UNSUPPORTED:
-        if d.get(key) is not None and bad(d[key]):
-            raise ValueError(f"{key} {d[key]!r}: {why}")
 
 
 class SelfAttention(nn.Module):
@@ -195,34 +198,16 @@ class LlamaBody(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class Llama(nn.Module):
+class Llama(LlamaShaped):
     def __init__(self, cfg: LlamaConfig, attn: Attention | None = None):
-        super().__init__()
+        super().__init__(cfg.max_position_embeddings)
         self.config = cfg
         self.attn = attn or Attention("auto")
-        self.max_seq_len = cfg.max_position_embeddings
         self.model = LlamaBody(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # fp32 even in a bf16 model
-        self.cache_dtype: torch.dtype | None = None  # None: the weights' dtype (quantized models: fp16)
-        self.longest_cache = 0  # the rotary tables' length follows it (rope_length)
-        self.retired: list = []  # tables replaced by longer ones, kept alive for graphs captured on them
-
-    def new_cache(self, seq_len: int | None = None) -> KVCache:
-        c = self.config
-        p = self.model.norm.weight
-        cache = KVCache(1, c.num_key_value_heads, seq_len or self.max_seq_len, c.head_dim,
-                        c.num_hidden_layers, p.device, self.cache_dtype or p.dtype)
-        # only once it exists: a cache that failed to allocate must not size the rotary tables
-        self.longest_cache = max(self.longest_cache, cache.capacity)
-        return cache
-
-    def rope_length(self) -> int:
-        """Rotary tables cover the longest cache made, not the context the config claims: a
-        claimed 2**31 with a 4,096-token cache must not allocate 16 GB of tables (issue 27)."""
-        return self.longest_cache or min(self.max_seq_len, 1 << 16)
 
     def rope(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         n = self.rope_length()
@@ -232,16 +217,17 @@ class Llama(nn.Module):
             self._rope = rotary_tables(c.head_dim, n, c.rope_theta, device=device, freq_factors=c.freq_factors())
         return self._rope
 
-    def forward(self, idx: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, cache: KVCache, last: bool = False, step=None) -> torch.Tensor:
         """Logits (fp32) for the new tokens `idx` (B, T), or for the last one only (`last`:
-        a prefill needs no others); their K/V land in `cache`."""
+        a prefill needs no others); their K/V land in `cache`. `step`: one token at the device
+        position, the cache not advanced (the capturable decode step, model/decode/torch_step.py)."""
         t = idx.shape[1]
-        cache.check_fits(t)  # before any layer writes: an overflow leaves the cache as it was
-        pos = cache.pos
-        cos, sin = self.rope(idx.device)
-        cos, sin = cos[pos:pos + t], sin[pos:pos + t]
+        if step is None:
+            cache.check_fits(t)  # before any layer writes: an overflow leaves the cache as it was
+        cos, sin = rope_rows(*self.rope(idx.device), cache, t, step)
         x = self.model.embed_tokens(idx)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, cache, self.attn)
-        cache.advance(t)
+            x = layer(x, cos, sin, cache, step or self.attn)
+        if step is None:
+            cache.advance(t)
         return self.lm_head(self.model.norm(x[:, -1:] if last else x)).float()

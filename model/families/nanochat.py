@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from kvcache import Attention, KVCache
-from model.families.layers import ReLU2, apply_rotary, rms_norm, rotary_tables
+from model.families.layers import ReLU2, apply_rotary, rms_norm, rope_rows, rotary_tables
 from model.families.nanochat_config import NanochatConfig
 
 TOKENS_STATE = "nanochat.token_ids"  # per-position token ids: the smear gate's previous token
@@ -84,6 +84,7 @@ class Nanochat(nn.Module):
                                            for i in range(cfg.n_layer) if cfg.has_ve(i)})
         self.window_lefts = cfg.window_lefts()
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.retired: list = []  # tables replaced by new ones, kept alive for graphs captured on them
 
     def new_cache(self, seq_len: int | None = None) -> KVCache:
         cfg, p = self.config, self.lm_head.weight
@@ -103,6 +104,7 @@ class Nanochat(nn.Module):
             cos, sin = rotary_tables(cfg.head_dim, size, cfg.rope_base, torch.float32, device, reverse=True)
             if cfg.rope_bf16:  # older generations stored the tables in bf16 whatever the compute dtype
                 cos, sin = cos.bfloat16(), sin.bfloat16()
+            self.retired += [r] if r is not None else []  # a captured CUDA graph may read them
             self._rope = r = cos.to(dtype), sin.to(dtype)
         return r
 
@@ -112,9 +114,11 @@ class Nanochat(nn.Module):
         # that lack local attention on the fast path.
         return (-1, -1) if left < 0 or left >= cache.capacity - 1 else (left, 0)
 
-    def smear(self, idx: torch.Tensor, x: torch.Tensor, cache: KVCache, pos: int) -> torch.Tensor:
+    def smear(self, idx: torch.Tensor, x: torch.Tensor, cache: KVCache, pos: int, step=None) -> torch.Tensor:
         """Mix each token's previous token embedding into it; the first token of all has none."""
         ids = cache.state[TOKENS_STATE]
+        if step is not None:
+            return self.smear_step(idx, x, ids, step)
         ids[:, pos:pos + idx.shape[1]] = idx
         if pos == 0 and idx.shape[1] == 1:
             return x
@@ -128,22 +132,32 @@ class Nanochat(nn.Module):
         cur = cur + gate * prev
         return torch.cat([x[:, :1], cur], dim=1) if pos == 0 else cur
 
-    def forward(self, idx: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
-        """`last`: only the last position's logits (a prefill needs no others)."""
+    def smear_step(self, idx: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, step) -> torch.Tensor:
+        """`smear` of one token at the device position: the branch on it is a `where`."""
+        ids.index_copy_(1, step.posl, idx)
+        prev = rms_norm(self.transformer.wte(ids.index_select(1, (step.posl - 1).clamp(min=0))))
+        gate = self.smear_lambda.to(x.dtype) * torch.sigmoid(self.smear_gate(x[..., :self.config.smear_channels]))
+        return torch.where(step.pos > 0, x + gate * prev, x)  # the very first token has no previous one
+
+    def forward(self, idx: torch.Tensor, cache: KVCache, last: bool = False, step=None) -> torch.Tensor:
+        """`last`: only the last position's logits (a prefill needs no others). `step`: one token
+        at the device position, the cache not advanced (the capturable decode step,
+        model/decode/torch_step.py)."""
         cfg, t = self.config, idx.shape[1]
-        cache.check_fits(t)  # before anything is written: an overflow leaves the cache as it was
+        if step is None:
+            cache.check_fits(t)  # before anything is written: an overflow leaves the cache as it was
         pos = cache.pos
         x = rms_norm(self.transformer.wte(idx))
-        cos, sin = self.rope(pos + t, idx.device, x.dtype)
-        cos, sin = cos[pos:pos + t], sin[pos:pos + t]
+        # a step's tables cover the whole cache, so no position it reaches can outgrow them
+        cos, sin = rope_rows(*self.rope(cache.capacity if step else pos + t, idx.device, x.dtype), cache, t, step)
         if cfg.smear_channels:
-            x = self.smear(idx, x, cache, pos)
+            x = self.smear(idx, x, cache, pos, step)
         x0, x_backout = x, None
         for i, block in enumerate(self.transformer.h):
             if cfg.lambdas:
                 x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
-            x = block(x, ve, cos, sin, self.window(i, cache), cache, self.attn)
+            x = block(x, ve, cos, sin, self.window(i, cache), cache, step or self.attn)
             if cfg.backout and i == cfg.n_layer // 2:
                 x_backout = x
         if x_backout is not None:
@@ -151,5 +165,6 @@ class Nanochat(nn.Module):
         if last:
             x = x[:, -1:]
         logits = self.lm_head(rms_norm(x))[..., :cfg.vocab_size].float()
-        cache.advance(t)
+        if step is None:
+            cache.advance(t)
         return cfg.softcap * torch.tanh(logits / cfg.softcap)

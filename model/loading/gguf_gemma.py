@@ -48,14 +48,12 @@ def fix_tensor(name: str, w: np.ndarray) -> np.ndarray:
     return w - np.float32(1.0) if name.endswith("norm.weight") else w
 
 
-def hf_config(g, name: str, f32) -> dict:
+def hf_config(g, name: str, f32, refuse) -> dict:
     """config.json for Gemma3ForCausalLM from the `gemma3.*` metadata; `f32` reads a float
-    key as gguf_meta does."""
+    key and `refuse` refuses by metadata key, as gguf_meta does."""
     a = ARCH
-    for key, why in ((f"{a}.attn_logit_softcapping", "attention logit softcapping is not supported"),
-                     (f"{a}.expert_count", "mixture-of-experts models are not supported")):
-        if g.get(key):
-            raise ModelLoadError(f"{g.path}: {key} {g.get(key)!r}: {why}")
+    refuse(g, [(f"{a}.attn_logit_softcapping", bool, "attention logit softcapping is not supported"),
+               (f"{a}.expert_count", bool, "mixture-of-experts models are not supported")])
     heads = g.need(f"{a}.attention.head_count")
     kv = g.get(f"{a}.attention.head_count_kv", heads)
     if not isinstance(heads, int) or not isinstance(kv, int):

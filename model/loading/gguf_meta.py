@@ -12,7 +12,7 @@ import numpy as np
 import model.loading.gguf_gemma as gguf_gemma
 from model.errors import ModelLoadError
 from model.families.llama import LlamaConfig
-from model.limits import check_config
+from model.limits import Rules, check_config, refuse_unsupported
 from model.loading.gguf_check import check_gguf
 from model.loading.gguf_vocab import chat_template, end_tokens, spm_tokenizer_files
 from model.tokenizers.bpe import make_tokenizer, tokenizer_json, vocab_from_gguf
@@ -68,24 +68,34 @@ def _f32(g: GGUFFile, key: str, default: float | None = None) -> float:
     return float(str(np.float32(x)))
 
 
-def refuse_unsupported(g: GGUFFile) -> None:
-    """One-line errors naming the metadata key for what the Llama-shaped module cannot run."""
+def refuse_gguf(g: GGUFFile, rules: Rules) -> None:
+    """One-line errors naming the metadata key (and the file) for what the module cannot run."""
+    try:
+        refuse_unsupported(g.meta, rules)
+    except ValueError as e:
+        raise ModelLoadError(f"{g.path}: {e}") from None
+
+
+def llama_shaped_rules(a: str) -> Rules:
+    return [(f"{a}.expert_count", bool, "mixture-of-experts models are not supported"),
+            (f"{a}.attention.sliding_window", bool, "sliding-window attention is not supported")]
+
+
+def refuse_unsupported_llama(g: GGUFFile) -> None:
+    """What the Llama-shaped module cannot run, by metadata key."""
     a = g.arch
     scaling = g.get(f"{a}.rope.scaling.type", "none")
     if scaling not in ("none", None):   # llama3 scaling comes as a rope_freqs tensor, not this key
         raise ModelLoadError(f"{g.path}: {a}.rope.scaling.type {scaling!r} is not supported")
-    for key, why in ((f"{a}.expert_count", "mixture-of-experts models are not supported"),
-                     (f"{a}.attention.sliding_window", "sliding-window attention is not supported")):
-        if g.get(key):
-            raise ModelLoadError(f"{g.path}: {key} {g.get(key)!r}: {why}")
+    refuse_gguf(g, llama_shaped_rules(a))
 
 
 def hf_config(g: GGUFFile, name: str) -> dict:
     """config.json (Hugging Face keys) from the `<arch>.*` metadata."""
     a = g.arch
     if a == gguf_gemma.ARCH:
-        return gguf_gemma.hf_config(g, name, _f32)
-    refuse_unsupported(g)
+        return gguf_gemma.hf_config(g, name, _f32, refuse_gguf)
+    refuse_unsupported_llama(g)
     heads = g.need(f"{a}.attention.head_count")
     kv = g.get(f"{a}.attention.head_count_kv", heads)
     if not isinstance(heads, int) or not isinstance(kv, int):
