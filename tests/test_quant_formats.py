@@ -85,7 +85,7 @@ def test_the_fixture_holds_every_file_type_from_llama_quantize():
 
 
 @pytest.mark.parametrize("kind", FILE_TYPES)
-def test_dequantized_rows_equal_gguf_bit_for_bit(kind, portable):
+def test_dequantized_rows_equal_gguf_bit_for_bit(kind, portable, avx2_only):
     for where, raw, cols in sources(kind):
         ql = file_linear(kind, raw, cols)
         want = quants.dequantize(raw, Q[kind]).reshape(raw.shape[0], cols).astype(np.float32)
