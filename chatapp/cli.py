@@ -40,7 +40,7 @@ def run_chat(argv: list[str]) -> int:
     app = ChatApp(args)
     app.run()
     if app.keeper is not None:  # the screen is gone: the last save, and a line if turns are not on disk
-        from chatapp.store.final_save import final_save
+        from chatapp.keeper.final_save import final_save
 
         if line := final_save(app.keeper):
             print(line, file=sys.stderr)

@@ -1,5 +1,8 @@
 """Headless mode: stdin lines (or JSON objects) in, one JSON object per line out.
 
+It talks to any keeper (chatapp/keeper/base.py): the in-process one, or --backend's, which must
+not import torch, so nothing here does.
+
 stdout carries only JSON events; logs go to stderr. Bad input becomes an error event and
 the loop goes on with the next line, so a script never loses its conversation.
 """
@@ -8,17 +11,19 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import BinaryIO, TextIO
 
-from chatapp.chat.commands import is_text, split_input
+from chatapp.chat.commands import Command, is_text, parse_command, parse_input
 from chatapp.chat.events import Error, Event, Prefilling, Progress, Quit, Ready, TextDelta, to_json
-from chatapp.store.final_save import final_save
-from chatapp.store.keeper import ChatKeeper
+from chatapp.keeper.base import Keeper
+from chatapp.keeper.final_save import final_save
+from model.errors import UserError
 
 
-def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[tuple[str, str] | Error]:
-    """Yield ("user", text) / ("command", text) pairs, or an Error for a bad line."""
+def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[Command | str | Error]:
+    """Yield each line parsed: a message's text, a Command, or an Error for a bad line (a
+    malformed command included, in the words the TUI shows)."""
     for n, raw in enumerate(stream, 1):
         try:
             line = raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")  # -sig: a BOM is not text
@@ -28,7 +33,7 @@ def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[tuple[str, str] | Err
         if not line.strip():
             continue
         if not jsonl:
-            yield split_input(line)
+            yield parsed(parse_input, line)
             continue
         try:
             obj = json.loads(line)
@@ -45,7 +50,14 @@ def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[tuple[str, str] | Err
         if not is_text(obj[kind]):  # a JSON escape can name a lone surrogate, which no text holds
             yield Error(f"line {n}: not valid Unicode (a lone surrogate); line skipped")
             continue
-        yield (kind, obj[kind])
+        yield parsed(parse_command, obj[kind]) if kind == "command" else obj[kind]
+
+
+def parsed(parse: Callable[[str], Command | str], text: str) -> Command | str | Error:
+    try:
+        return parse(text)
+    except UserError as e:
+        return Error(str(e))
 
 
 def emit(ev: Event, out: TextIO) -> None:
@@ -53,29 +65,28 @@ def emit(ev: Event, out: TextIO) -> None:
     out.flush()
 
 
-def run_headless(chat: ChatKeeper, stream: BinaryIO, jsonl: bool = False, out: TextIO = sys.stdout) -> int:
+def run_headless(keeper: Keeper, stream: BinaryIO, jsonl: bool = False, out: TextIO = sys.stdout) -> int:
     """Feed each input line to the chat (which stores it as it goes, if it has a store)."""
-    emit(Ready(chat.session.stats(), chat.ready_fields()), out)
+    emit(Ready(keeper.session.stats(), keeper.ready_fields()), out)
     for item in read_inputs(stream, jsonl):
         if isinstance(item, Error):
             emit(item, out)
             continue
-        kind, text = item
-        events = chat.run_command(text) if kind == "command" else chat.send(text)
+        events = keeper.run(item) if isinstance(item, Command) else keeper.send(item)
         for ev in events:
             match ev:
                 case TextDelta() | Prefilling() | Progress():
                     continue  # the turn event carries the whole reply and its figures; the trim event the re-prefill's
                 case Quit():
-                    return farewell(chat, out)
+                    return farewell(keeper, out)
                 case _:
                     emit(ev, out)
-    return farewell(chat, out)
+    return farewell(keeper, out)
 
 
-def farewell(chat: ChatKeeper, out: TextIO) -> int:
+def farewell(keeper: Keeper, out: TextIO) -> int:
     """The last save before the process goes; 1, with one error line, if turns are not on disk."""
-    if line := final_save(chat):
+    if line := final_save(keeper):
         emit(Error(line), out)
         return 1
     return 0

@@ -22,13 +22,14 @@ from chatapp.chat.presets import Presets
 from chatapp.chat.session import Session
 from chatapp.chat.settings import DEFAULTS, Settings, parse_settings, settings_text
 from chatapp.config import Config, load_config
+from chatapp.keeper.keeper import ChatKeeper
+from chatapp.keeper.models import remember
 from chatapp.options import FlagError, given_sampling
 from chatapp.pull.resolve import resolve
-from chatapp.store.database import ChatStore, StoreError, data_home
-from chatapp.store.keeper import ChatKeeper
-from chatapp.store.models import remember
+from chatapp.store.database import ChatStore, data_home
+from chatapp.store.records import StoreError
 from kvcache.attention import available_backends
-from model.cpu import native
+from model.cpu import native, prefill_gemm
 from model.cpu.threads import use_threads
 from model.errors import UserError
 from model.limits import cache_room, fitting_context
@@ -78,7 +79,7 @@ def native_note(args: argparse.Namespace) -> str | None:
     if args.dtype != "auto" or not on_cpu:
         return None
     if native.library() is not None:
-        return native.portable_note()
+        return native.portable_note() or prefill_gemm.note()
     return (f"nanochat-tui: note: CPU kernels unavailable ({native.why_not()}); quantized models run "
             "dequantized to fp32 (slower, more memory)")
 
@@ -166,11 +167,11 @@ def open_keeper(session: Session, args: argparse.Namespace, warn: Warn | None = 
     """The keeper for this run, with the stored chat already restored when asked for.
     UserError for flags that cannot work together or a chat that does not exist."""
     warn = warn or to_stderr
-    chat, resume = getattr(args, "chat", None), getattr(args, "resume", False)
+    asked, resume = getattr(args, "chat", None), getattr(args, "resume", False)  # --chat ID
     no_store = getattr(args, "no_store", False)
-    if no_store and (chat is not None or resume):
+    if no_store and (asked is not None or resume):
         raise FlagError("--no-store cannot be combined with --chat or --resume")
-    if (chat is not None or resume) and getattr(args, "system", None) is not None:
+    if (asked is not None or resume) and getattr(args, "system", None) is not None:
         raise FlagError("--system cannot change a stored chat's system prompt (use /system after it opens: "
                         "that starts a new chat)")
     if no_store:
@@ -178,26 +179,26 @@ def open_keeper(session: Session, args: argparse.Namespace, warn: Warn | None = 
     try:
         store = ChatStore()
     except StoreError as e:
-        if chat is not None or resume:
+        if asked is not None or resume:
             raise
         warn(f"nanochat-tui: warning: chats will not be saved: {e}")
         return ChatKeeper(session, None, why_no_store=str(e))
     keeper = ChatKeeper(session, store)
     keeper.loader = loader_for(args)  # --resume may load the chat's own model
-    chat_id = chat if chat is not None else (store.latest_id() if resume else None)
+    chat_id = asked if asked is not None else (store.latest_id() if resume else None)
     if resume and chat_id is None:
         warn("nanochat-tui: no stored chat to resume; starting a new one")
     if chat_id is not None:
         try:
             _restored, errors = keeper.open(chat_id)
         except StoreError as e:
-            if chat is not None:  # asked for by number: say why, start nothing
+            if asked is not None:  # asked for by number: say why, start nothing
                 raise
             # --resume: the latest chat cannot open (damaged, too long): the others stay reachable
             warn(f"nanochat-tui: warning: could not resume: {e}; starting a new chat")
             return keeper
         for e in errors:
             warn(f"nanochat-tui: warning: {e.message}")
-        for k, v in given_sampling(args).items():
-            setattr(session.settings, k, v)
+        for k, v in given_sampling(args).items():  # on the chat's own model's session, if it has one
+            setattr(keeper.session.settings, k, v)
     return keeper

@@ -10,6 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+# A CPU prefill attends in query chunks of this many, each over the keys it can see: torch's CPU
+# kernel computes the masked half of a causal square too, and chunks skip most of it (pp512,
+# one thread: 8.6 -> 6.0 ms a SmolLM2 layer, 13.1 -> 8.7 ms a Gemma 3 270M one; 128: 6.1 / 9.3).
+CPU_QUERY_CHUNK = 64
+
 # cuDNN's SDPA rebuilds its plan for every new key length (~7 ms of CPU a call when decoding),
 # so on CUDA we let PyTorch choose among the others.
 CUDA_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -57,8 +62,29 @@ def sdpa_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     elif q.is_cuda:
         with sdpa_kernel(CUDA_SDPA):
             out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    elif causal and tq > CPU_QUERY_CHUNK:
+        out = _cpu_chunks(qh, kh, vh, pos, window_size[0], scale, gqa)
     else:
         # enable_gqa reads the shared KV heads in place: copying them per query head cost
         # 7.7 ms against 0.44 ms a layer at 4k tokens (SmolLM2 shape, 2-core CPU).
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=gqa)
     return out.transpose(1, 2)
+
+
+def _cpu_chunks(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, pos: int, window_left: int, scale: float,
+                gqa: bool) -> torch.Tensor:
+    """Causal attention of (1, H, Tq, D) queries at pos.. in chunks, each over only the keys
+    [lo, its last query] it can see (lo > 0 inside a window)."""
+    tq, outs = qh.shape[2], []
+    for i in range(0, tq, CPU_QUERY_CHUNK):
+        n = min(CPU_QUERY_CHUNK, tq - i)
+        hi = pos + i + n
+        lo = max(0, pos + i - window_left) if window_left >= 0 else 0
+        qpos = torch.arange(pos + i, hi)[:, None]
+        kpos = torch.arange(lo, hi)[None, :]
+        mask = kpos <= qpos
+        if window_left >= 0:
+            mask &= kpos >= qpos - window_left
+        outs.append(F.scaled_dot_product_attention(qh[:, :, i:i + n], kh[:, :, lo:hi], vh[:, :, lo:hi], attn_mask=mask,
+                                                   scale=scale, enable_gqa=gqa))
+    return torch.cat(outs, 2)

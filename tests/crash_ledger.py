@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chatapp.keeper.reopen import pairs
 from chatapp.store.database import ChatStore
-from chatapp.store.reopen import pairs
 
 SEGMENT = re.compile(r"\d{8}-\d{8}\.safetensors")
 

@@ -55,8 +55,8 @@ def write_seed_gguf(path: Path) -> None:
 def seed_store(root: Path, lm) -> Path:
     from chatapp.chat.session import Session
     from chatapp.chat.settings import Settings
+    from chatapp.keeper.keeper import ChatKeeper
     from chatapp.store.database import ChatStore
-    from chatapp.store.keeper import ChatKeeper
 
     store = ChatStore(root)
     k = ChatKeeper(Session(lm, Settings(temperature=0.0, max_new_tokens=3), context=256), store)

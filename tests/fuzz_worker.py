@@ -65,8 +65,8 @@ def open_row(root: Path, req: dict, ctx: dict) -> str:
     """A store whose one cell the parent fuzzed: it must list, and the chat must open."""
     from chatapp.chat.session import Session
     from chatapp.chat.settings import Settings
+    from chatapp.keeper.keeper import ChatKeeper
     from chatapp.store.database import ChatStore
-    from chatapp.store.keeper import ChatKeeper
 
     store = ChatStore(root)
     try:

@@ -14,8 +14,8 @@ from test_tool_session import assert_cache_holds_tokens, scripted
 from chatapp.chat.events import Copied, Error, Info, TurnStats
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
 from chatapp.store.database import ChatStore
-from chatapp.store.keeper import ChatKeeper
 
 
 def keeper(lm, store=None, context=512, max_new_tokens=8) -> ChatKeeper:

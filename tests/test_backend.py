@@ -197,3 +197,22 @@ def app_notices(app) -> list[str]:
     from tui_pilot import notices
 
     return notices(app)
+
+
+def test_a_backend_chat_refuses_what_it_does_not_serve_in_one_line():
+    """Commands go through the one dispatcher (chatapp/keeper/base.py): /preset has no handler in
+    a --backend chat (it used to end in an AttributeError) and /model is refused by its own."""
+    keeper = RemoteKeeper(session_on("http://127.0.0.1:9"), None)  # nothing is sent: no server needed
+    assert list(keeper.run_command("/preset brief")) == [Error("/preset: not with --backend")]
+    (err,) = keeper.run_command("/model other")
+    assert err.message.startswith("/model: not with --backend:")
+    (state,) = keeper.run_command("/reset")
+    assert isinstance(state, CacheState) and state.event == "reset"
+
+
+def test_headless_mode_over_a_backend_imports_no_torch():
+    """`--backend` runs no model here: headless mode and the remote keeper load without torch
+    (headless takes any keeper, chatapp/keeper/base.py, not the in-process one's module)."""
+    code = "import sys, chatapp.headless, chatapp.remote.open; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -1,11 +1,23 @@
-"""The chats screen, driven by Textual's pilot in a minimal host app over a real SQLite store."""
+"""The chats screen, driven by Textual's pilot in a minimal host app over a real SQLite store,
+through a real keeper: a --backend one, which needs no model (nothing here reaches its server)."""
 
 import asyncio
 
 from textual.app import App
 
-from chatapp.store.database import ChatData, ChatStore, StoredMessage
+from chatapp.chat.settings import Settings
+from chatapp.remote.client import OpenAIClient
+from chatapp.remote.keeper import RemoteKeeper
+from chatapp.remote.session import RemoteSession
+from chatapp.store.database import ChatStore
+from chatapp.store.records import ChatRecord, StoredMessage
 from chatapp.tui.chats_screen import ChatAction, ChatsScreen
+
+
+def keeper_on(store: ChatStore, current: int | None = None) -> RemoteKeeper:
+    keeper = RemoteKeeper(RemoteSession(OpenAIClient("http://127.0.0.1:9"), "x", Settings()), store)
+    keeper.chat_id = current
+    return keeper
 
 
 class Host(App[None]):
@@ -13,18 +25,18 @@ class Host(App[None]):
 
     def __init__(self, store: ChatStore, current=None):
         super().__init__()
-        self.store, self.current = store, current
+        self.keeper = keeper_on(store, current)
         self.results: list = []
 
     def on_mount(self) -> None:
-        self.push_screen(ChatsScreen(self.store, self.current), self.results.append)
+        self.push_screen(ChatsScreen(self.keeper), self.results.append)
 
 
 def fill(store: ChatStore, n: int) -> list[int]:
     ids = []
     for i in range(n):
         msgs = [StoredMessage("user", f"question {i}", [1]), StoredMessage("assistant", "answer", [2])]
-        ids.append(store.save(ChatData(f"chat {i}", "random:tiny", "fp", "tfp", {}, "sys", [], 0, msgs)))
+        ids.append(store.save(ChatRecord(f"chat {i}", "random:tiny", "fp", "tfp", {}, "sys", [], 0, msgs)))
     return ids
 
 
@@ -36,6 +48,7 @@ def run(store, current=None, keys=()):
             screen = app.screen
             for k in keys:
                 await pilot.press(*k) if isinstance(k, tuple) else await pilot.press(k)
+                await app.workers.wait_for_complete()  # a rename or delete runs in a worker thread
                 await pilot.pause()
             rows = [screen.table.get_row_at(i) for i in range(screen.table.row_count)] if app.screen is screen else None
             return app.results, rows
@@ -85,7 +98,7 @@ def test_titles_and_model_names_are_shown_as_typed_not_as_markup(tmp_path):
     """A first message like "[INST] hi [/INST]" becomes the title; as markup it crashed the screen."""
     store = ChatStore(tmp_path)
     msgs = [StoredMessage("user", "q", [1]), StoredMessage("assistant", "a", [2])]
-    store.save(ChatData("[INST] hi [/INST] [bold]x[/]", "m[/b]odel", "fp", "tfp", {}, "sys", [], 0, msgs))
+    store.save(ChatRecord("[INST] hi [/INST] [bold]x[/]", "m[/b]odel", "fp", "tfp", {}, "sys", [], 0, msgs))
     results, rows = run(store)
     assert results == [] and str(rows[0][1]) == "[INST] hi [/INST] [bold]x[/]" and str(rows[0][2]) == "m[/b]odel"
 
@@ -106,7 +119,7 @@ def test_empty_store_says_so(tmp_path):
 def test_search_filters_by_title_and_message_and_esc_clears_it(tmp_path):
     store = ChatStore(tmp_path)
     fill(store, 3)
-    store.save(ChatData("recipes", "random:tiny", "fp", "tfp", {}, "sys", [], 0,
+    store.save(ChatRecord("recipes", "random:tiny", "fp", "tfp", {}, "sys", [], 0,
                         [StoredMessage("user", "how long to bake banana_bread?", [1]),
                          StoredMessage("assistant", "about an hour", [2])]))
     _, rows = run(store, keys=["slash", tuple("banana_b")])  # '_' is literal, not LIKE's wildcard
@@ -124,3 +137,20 @@ def test_the_list_counts_messages_as_edit_numbers_them(tmp_path):
     fill(store, 1)  # one user message and its reply: message 1, as /edit 1 and the transcript say
     _, rows = run(store)
     assert rows[0][3] == "1"
+
+
+def test_renaming_the_open_chat_goes_through_the_keeper(tmp_path):
+    """The screen writes only through the keeper (in a worker thread): the open chat's title
+    follows at once, and the keeper's own refusal of deleting it holds even past the screen."""
+    store = ChatStore(tmp_path)
+    (chat_id,) = fill(store, 1)
+
+    async def go():
+        app = Host(store, current=chat_id)
+        async with app.run_test() as pilot:
+            await pilot.pause()
+            await pilot.press("r", "ctrl+a", "ctrl+k", *"kept", "enter")
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            return app.keeper.title, str(app.screen.table.get_row_at(0)[1])
+    assert asyncio.run(go()) == ("kept", "kept (open)") and store.get(chat_id).title == "kept"

@@ -6,11 +6,14 @@ from pathlib import Path
 import pytest
 
 import chatapp.chat.commands as commands
-from chatapp.chat.commands import TABLE, CommandSpec, help_text, parse_command
+from chatapp.chat.commands import TABLE, Command, CommandSpec, help_text, parse_command, parse_input
 from chatapp.chat.events import Error, Info
 from chatapp.chat.session import Session
 from chatapp.chat.settings import DEFAULTS, Settings
-from chatapp.store.keeper import ChatKeeper
+from chatapp.keeper.base import Keeper
+from chatapp.keeper.keeper import ChatKeeper
+from chatapp.remote.keeper import RemoteKeeper
+from chatapp.remote.session import RemoteSession
 from model.errors import UserError
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "tui.md"
@@ -81,3 +84,19 @@ def test_set_alone_shows_every_setting_and_stats_include_them(tiny):
     (stats,) = list(chat.run_command("/stats"))
     assert {k: stats.data[k] for k in DEFAULTS} == info.data
     assert "top_k=7" in stats.text
+
+
+def test_a_line_is_parsed_once_into_a_message_or_a_command():
+    assert parse_input("hello /undo") == "hello /undo"
+    assert parse_input("//usr/bin/env") == "/usr/bin/env"
+    save = Command(commands.COMMANDS["/save"], "Notes")
+    assert parse_input("  /SAVE  Notes ") == save == Command.of("/save", "Notes")
+    with pytest.raises(UserError, match="unknown command /nope"):
+        parse_input("/nope")
+
+
+def test_one_dispatcher_serves_every_keeper():
+    """The keepers share `Keeper.run`; no session parses or dispatches commands of its own."""
+    assert ChatKeeper.run is RemoteKeeper.run is Keeper.run
+    assert ChatKeeper.run_command is RemoteKeeper.run_command is Keeper.run_command
+    assert not hasattr(Session, "run_command") and not hasattr(RemoteSession, "run_command")

@@ -13,7 +13,7 @@ from chatapp.chat.events import Error, TurnStats
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.cli import chat_parser
-from chatapp.store.keeper import ChatKeeper
+from chatapp.keeper.keeper import ChatKeeper
 from chatapp.tui.app import ChatApp
 from model.chat_formats.completion import CompletionFormat, gguf_tuning
 from model.loading import LoadOptions, load_model
@@ -61,10 +61,10 @@ def test_a_base_model_continues_one_document_with_the_cache_kept(gguf_dir, home)
     doc = lm.tokenizer.decode(s.tokens[1:])
     assert doc == f"{texts[0]}{s.exchanges[0].reply}\n{texts[1]}{s.exchanges[1].reply}\n"
     assert s.cache.pos > len(lm.tokenizer.encode(texts[0]))
-    list(s.run_command("/retry"))
+    list(ChatKeeper(s, None).run_command("/retry"))
     assert_invariant(s)
     assert doc.startswith(lm.tokenizer.decode(s.tokens[1:s.exchanges[-1].reply_start]))
-    list(s.run_command("/undo"))
+    list(ChatKeeper(s, None).run_command("/undo"))
     assert_invariant(s)
     assert len(s.exchanges) == 1 and lm.tokenizer.decode(s.tokens[1:]) == f"{texts[0]}{s.exchanges[0].reply}\n"
     events = list(ChatKeeper(s, None).run_command("/edit 1 def f(x): return"))  # back to the start, continued
@@ -82,7 +82,7 @@ def test_a_tuned_model_without_a_template_stays_a_chat(gguf_dir, home):
 
 @pytest.mark.anyio
 async def test_the_panel_and_the_picker_say_completion_mode(gguf_dir, home):
-    from chatapp.store.models import cached_models
+    from chatapp.keeper.models import cached_models
 
     app = ChatApp(chat_parser().parse_args(["--model", str(gguf_dir / "tiny-base.gguf"), "--temperature", "0",
                                             "--max-new-tokens", "4"]))

@@ -12,8 +12,8 @@ from test_session import assert_invariant
 
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
 from chatapp.store.database import ChatStore
-from chatapp.store.keeper import ChatKeeper
 from tests.crash_campaign import KINDS, campaign, report
 from tests.crash_ledger import read_disk
 

@@ -15,8 +15,8 @@ import pytest
 from chatapp.chat.events import Restored, TurnStats
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
 from chatapp.store.database import ChatStore
-from chatapp.store.keeper import ChatKeeper
 
 DEEP = "[" * 100_000 + "]" * 100_000
 # (table, column, bad value): each one a traceback on --resume before issue 27

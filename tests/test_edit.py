@@ -15,8 +15,8 @@ from test_thinking import scripted_qwen3
 from chatapp.chat.events import Branched, CacheState, Error, Progress, TextDelta, Trimmed
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
 from chatapp.store.database import ChatStore
-from chatapp.store.keeper import ChatKeeper
 from model.chat_formats.templates import encode_rendered
 from model.loading import LoadOptions, load_model
 

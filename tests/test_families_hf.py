@@ -17,6 +17,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
 from model.errors import ModelLoadError
 from model.loading import load_model
 
@@ -156,9 +157,9 @@ def test_greedy_chat_equals_generate(variant):
     check_last()
     list(s.send("the capital of France?"))
     first = check_last()
-    list(s.run_command("/retry"))
+    list(ChatKeeper(s, None).run_command("/retry"))
     assert check_last() == first
-    list(s.run_command("/undo"))
+    list(ChatKeeper(s, None).run_command("/undo"))
     list(s.send("how are you? 12"))
     check_last()
 

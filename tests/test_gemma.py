@@ -16,6 +16,7 @@ from gguf import GGMLQuantizationType as Q
 
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
 from kvcache import KVCache
 from model.decode.torch_step import TorchStep
 from model.errors import ModelLoadError
@@ -172,9 +173,9 @@ def test_greedy_chat_equals_generate(variant):
     check_last()
     list(s.send("the capital of France?"))
     first = check_last()
-    list(s.run_command("/retry"))
+    list(ChatKeeper(s, None).run_command("/retry"))
     assert check_last() == first
-    list(s.run_command("/undo"))
+    list(ChatKeeper(s, None).run_command("/undo"))
     list(s.send("how are you? 12"))
     check_last()
 

@@ -16,12 +16,13 @@ import torch
 from chatapp.chat.events import Trimmed
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
 from model.decode.generate import Generator
 from model.decode.graph_config import GraphConfig
 from model.decode.sampling import SamplingConfig
 from model.decode.steps import build_step
 from model.loading import LoadOptions, load_model
-from tests.gpu_helpers import share_prefill
+from tests.gpu_helpers import assert_decode_noise, share_prefill
 
 FIX = Path(__file__).parent / "fixtures" / "nanochat"
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -157,8 +158,11 @@ def test_graph_greedy_equals_eager_for_200_tokens(lm, cfg):
           f"{sum(g == 0 for g in gaps)}/200 steps, free-running tokens first differ at {first_diff}")
     real = bool(os.environ.get("NANOCHAT_TEST_GGUF"))
     # Random weights make near-flat logits: even the plain graph, running eager's own ops,
-    # sits 7 ulps off eager there, and the fused path 13-14 (H200).
-    assert max(gaps) <= (4 if real else 16)
+    # sits 7 ulps off eager there (tests/gpu_helpers.py: the fused path's measured spread).
+    if real:
+        assert max(gaps) <= 4
+    else:
+        assert_decode_noise(gaps)
     if real and not cfg.fused:  # the plain graph runs eager's own ops: exactly equal
         assert ours == same
 
@@ -208,7 +212,7 @@ def test_fused_graph_serves_qwen_and_llama3_shapes(spec):
     print(f"{spec} {name}: max logit gap {max(gaps):.1f} bf16 ulps, exact argmax at "
           f"{sum(g == 0 for g in gaps)}/120 steps")
     assert name.startswith("fused")
-    assert max(gaps) <= 16
+    assert_decode_noise(gaps)
 
 
 @pytest.mark.gpu
@@ -312,7 +316,7 @@ def test_cache_after_chat_with_rewinds_equals_eager(lm):
     assert s.gen.graphs is not None
     graph = s.gen.graphs.step_graph
     for step in ["Hi! Name three fruits.", "/retry", "Now three vegetables.", "/undo", "Three colours?"]:
-        drain(s.run_command(step) if step.startswith("/") else s.send(step))
+        drain(ChatKeeper(s, None).run_command(step) if step.startswith("/") else s.send(step))
         assert_cache_holds(lm, s)
     s.settings = Settings(temperature=0.8, top_k=50, top_p=0.9, seed=1, max_new_tokens=40)
     drain(s.send("And three animals, please."))
@@ -330,7 +334,7 @@ def test_graph_replays_after_reset_and_trim(lm):
         trims += sum(isinstance(e, Trimmed) for e in s.send(f"Message {i}: tell me a fact about the sea."))
         assert_cache_holds(lm, s)
     assert trims > 0
-    drain(s.run_command("/reset"))
+    drain(ChatKeeper(s, None).run_command("/reset"))
     drain(s.send("After the reset: count to five."))
     assert_cache_holds(lm, s)
     assert s.turn_stats[-1].decode_tokens > 1

@@ -17,10 +17,12 @@ from safetensors.torch import save
 from chatapp.chat.events import Error, Info
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
-from chatapp.store.database import ChatStore, StoreError
+from chatapp.keeper.keeper import ChatKeeper
+from chatapp.keeper.models import RECENT_FILE, recent
+from chatapp.store.database import ChatStore
 from chatapp.store.export import ExportedChat, export
 from chatapp.store.identity import Fingerprint
-from chatapp.store.models import RECENT_FILE, recent
+from chatapp.store.records import StoreError
 from chatapp.store.snapshots import FORMAT, checksum, load_chain, scan, write_segment
 from chatapp.store.tempfiles import write_atomic
 
@@ -40,9 +42,10 @@ def one_error(events) -> str:
 def test_file_refuses_fifos_devices_and_unknown_users_in_one_line_at_once(session, tmp_path):
     os.mkfifo(tmp_path / "fifo")
     t0 = time.perf_counter()
-    assert "a FIFO, not a regular file" in one_error(session.run_command(f"/file {tmp_path / 'fifo'}"))
-    assert "a character device" in one_error(session.run_command("/file /dev/zero"))
-    assert "not a usable path" in one_error(session.run_command("/file ~nosuchuser-27/x"))
+    k = ChatKeeper(session, None)
+    assert "a FIFO, not a regular file" in one_error(k.run_command(f"/file {tmp_path / 'fifo'}"))
+    assert "a character device" in one_error(k.run_command("/file /dev/zero"))
+    assert "not a usable path" in one_error(k.run_command("/file ~nosuchuser-27/x"))
     assert time.perf_counter() - t0 < 1.0 and not session.attached.files
 
 
@@ -105,7 +108,7 @@ def test_a_damaged_recent_models_list_is_an_empty_one(tmp_path):
 
 def test_export_of_a_chat_still_works(session, tmp_path):
     list(session.send("hello"))
-    from chatapp.store.keeper import ChatKeeper
+    from chatapp.keeper.keeper import ChatKeeper
 
     events = list(ChatKeeper(session, None).export(str(tmp_path / "c.md")))
     assert isinstance(events[0], Info) and (tmp_path / "c.md").read_text().count("## User") == 1

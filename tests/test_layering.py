@@ -121,6 +121,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_sees_real_imports():
     edges = graph()
+    assert "chatapp.chat.session" in edges["chatapp.keeper.keeper"]
     assert "model.families.layers" in edges["model.families.llama"]
     assert "kvcache" in edges["model.families.llama"]
     assert cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
@@ -181,6 +182,33 @@ def test_the_entry_point_and_the_bench_stay_out_of_the_app():
     assert [a for a, bs in edges.items() if "chatapp.cli" in bs] == []
     users = {a for a, bs in edges.items() if any(b.startswith("chatapp.bench") for b in bs)}
     assert {u for u in users if not u.startswith("chatapp.bench")} == {"chatapp.cli"}
+
+
+def every_import(path: Path) -> set[str]:
+    """Every module a file names in an import, `if TYPE_CHECKING:` ones included."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+    return out
+
+
+def test_the_store_is_persistence_and_the_keeper_owns_its_state():
+    """Issue 25: chatapp/store/ knows nothing of the controller or the faces; nothing in
+    chatapp/keeper/ imports the keeper back (the branch/switch/rollback cycle that hid behind
+    TYPE_CHECKING), and the keeper knows no face."""
+    mods = modules()
+    faces = ("chatapp.tui", "chatapp.headless", "chatapp.launch", "chatapp.remote", "chatapp.cli")
+    for name, path in mods.items():
+        names = every_import(path)
+        if name.startswith("chatapp.store"):
+            assert not {n for n in names if n.startswith(("chatapp.keeper", *faces))}, name
+        if name.startswith("chatapp.keeper"):
+            assert not {n for n in names if n.startswith(faces)}, name
+            if name != "chatapp.keeper.keeper":
+                assert not {n for n in names if n.startswith("chatapp.keeper.keeper")}, name
 
 
 def test_test_modules_are_imported_under_one_name():

@@ -1,5 +1,5 @@
 """One resolver for every way of naming a model (chatapp/pull/resolve.py), and a chat that
-reopens on the model it was made with (chatapp/store/chat_model.py)."""
+reopens on the model it was made with (chatapp/keeper/chat_model.py)."""
 
 from pathlib import Path
 
@@ -10,13 +10,13 @@ from test_snapshot import talk
 from chatapp.chat.events import Error, ModelSwitched
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
+from chatapp.keeper.models import choices
 from chatapp.launch import open_keeper, open_session
 from chatapp.options import chat_parser
 from chatapp.pull import fetch
 from chatapp.pull.resolve import resolve
 from chatapp.store.database import ChatStore
-from chatapp.store.keeper import ChatKeeper
-from chatapp.store.models import choices
 from model.errors import UserError
 
 
@@ -76,8 +76,10 @@ def test_resume_reopens_the_chat_on_its_own_model(pulled, tmp_path, monkeypatch)
     talk(made, "hi there")
     gemma_name = made.session.lm.name
     # The next run names another model (or none): --resume brings the Gemma back.
-    k = open_keeper(open_session(args("--model", "random:tiny")), args("--model", "random:tiny", "--resume"))
+    again = args("--model", "random:tiny", "--resume", "--top-k", "7")
+    k = open_keeper(open_session(again), again)
     assert k.session.lm.name == gemma_name and k.session.settings.model == "gemma3-270m"
+    assert k.session.settings.top_k == 7  # the flags typed go to the session the chat opened on
     assert k.restored.detail == "" and k.restored.restored_tokens == k.session.cache.pos > 0  # its own snapshot
     assert k.session.settings.system is None  # the default system prompt stays the model's
     talk(k, "and again")

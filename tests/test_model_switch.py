@@ -14,11 +14,11 @@ from test_snapshot import reopen, talk
 from chatapp.chat.events import Error, ModelSwitched, Prefilling, TurnStats
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
+from chatapp.keeper.models import DEFAULT, RECENT_FILE, choices, remember
+from chatapp.keeper.reopen import archived, rendered_conversation
 from chatapp.store.database import ChatStore
 from chatapp.store.identity import Fingerprint
-from chatapp.store.keeper import ChatKeeper
-from chatapp.store.models import DEFAULT, RECENT_FILE, choices, remember
-from chatapp.store.reopen import archived, rendered_conversation
 from chatapp.store.snapshots import scan
 from model.loading import LoadOptions, load_model
 
@@ -178,7 +178,7 @@ def test_headless_switch_prints_progress_and_the_new_model(tmp_path):
 
 def test_model_default_pulls_quietly_first(tiny, qwen3, store, monkeypatch):
     pulls = []
-    monkeypatch.setattr("chatapp.store.switch.ensure_default_model",
+    monkeypatch.setattr("chatapp.keeper.switch.ensure_default_model",
                         lambda progress: (pulls.append(progress), "the/default/dir")[1])
     k = keeper_on(tiny, store)
     k.loader = lambda spec: qwen3 if spec == "the/default/dir" else pytest.fail(spec)

@@ -11,10 +11,11 @@ from test_session import assert_invariant
 from chatapp.chat.events import Error, Restored, TurnStats
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
-from chatapp.store.database import ChatStore, StoreError
-from chatapp.store.final_save import final_save
-from chatapp.store.keeper import ChatKeeper
-from chatapp.store.reopen import pairs
+from chatapp.keeper.final_save import final_save
+from chatapp.keeper.keeper import ChatKeeper
+from chatapp.keeper.reopen import pairs
+from chatapp.store.database import ChatStore
+from chatapp.store.records import StoreError
 
 
 def keeper_on(tiny, store) -> ChatKeeper:

@@ -58,6 +58,13 @@ def test_sliding_window(window):
     run_chunks([12, 1, 1, 6, 1], window_left=window)
 
 
+@pytest.mark.parametrize("window", [-1, 40])
+def test_long_cpu_prefills_attend_in_query_chunks(window):
+    """Past CPU_QUERY_CHUNK queries the CPU attends chunk by chunk over the keys each can see
+    (a window's start included), on an empty cache and after other tokens."""
+    run_chunks([150, 1, 70, 66], cap=300, window_left=window)
+
+
 def test_softcap():
     run_chunks([7, 1, 5], softcap=2.0)
 

@@ -6,6 +6,7 @@ import torch
 from chatapp.chat.events import CacheState, Error, TextDelta, Trimmed, TurnStats
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
 
 
 def run(events):
@@ -60,7 +61,7 @@ def test_ten_turns_prefill_only_new_tokens(session):
     # the history grows, the per-turn cost does not
     assert max(prefills[1:]) - min(prefills[1:]) <= 2
     assert session.cache.pos > 10 * min(prefills[1:])
-    (ev,) = run(session.run_command("/reset"))
+    (ev,) = run(ChatKeeper(session, None).run_command("/reset"))
     assert isinstance(ev, CacheState) and ev.cache_seqlens == 0 and session.cache.pos == 0
 
 
@@ -77,7 +78,7 @@ def test_stats_fields(session):
 def test_retry_regenerates_from_the_same_point(session):
     first = turn_of(run(session.send("tell me something")))
     ex = session.exchanges[-1]
-    events = run(session.run_command("/retry"))
+    events = run(ChatKeeper(session, None).run_command("/retry"))
     state = [e for e in events if isinstance(e, CacheState)][0]
     assert state.cache_seqlens == ex.reply_start  # rewound to before the reply
     again = turn_of(events)
@@ -92,45 +93,45 @@ def test_undo_removes_the_last_exchange(session):
     run(session.send("one"))
     after_one = list(session.tokens)
     run(session.send("two"))
-    (ev,) = run(session.run_command("/undo"))
+    (ev,) = run(ChatKeeper(session, None).run_command("/undo"))
     assert session.tokens == after_one and len(session.exchanges) == 1
     assert ev.cache_seqlens == session.cache.pos <= len(after_one)
     assert_invariant(session)
     st = turn_of(run(session.send("two again")))
     assert st.prefill_tokens == len(after_one) - ev.cache_seqlens + len(session.template.user_turn("two again"))
     assert_transcript(session)
-    assert [e.event for e in run(session.run_command("/undo"))] == ["undo"]
-    assert [e.event for e in run(session.run_command("/undo"))] == ["undo"]
-    assert isinstance(run(session.run_command("/undo"))[0], Error)
+    assert [e.event for e in run(ChatKeeper(session, None).run_command("/undo"))] == ["undo"]
+    assert [e.event for e in run(ChatKeeper(session, None).run_command("/undo"))] == ["undo"]
+    assert isinstance(run(ChatKeeper(session, None).run_command("/undo"))[0], Error)
 
 
 def test_stats_after_undo_describe_the_turn_left(session):
     one = turn_of(run(session.send("one")))
     two = turn_of(run(session.send("two, a longer message than the first one")))
     assert session.stats()["last_prefill_tokens"] == two.prefill_tokens != one.prefill_tokens
-    run(session.run_command("/undo"))
+    run(ChatKeeper(session, None).run_command("/undo"))
     st = session.stats()
     assert st["turns"] == 1 and st["last_prefill_tokens"] == one.prefill_tokens
     assert st["last_ttft_ms"] == round(one.ttft_ms, 2)
-    run(session.run_command("/undo"))
+    run(ChatKeeper(session, None).run_command("/undo"))
     assert "last_prefill_tokens" not in session.stats()
     run(session.send("a turn of a chat that /reset then leaves"))
     run(session.send("and another"))
-    run(session.run_command("/reset"))
+    run(ChatKeeper(session, None).run_command("/reset"))
     run(session.send("new chat"))
-    run(session.run_command("/undo"))  # turn 1 of the new chat undone: the old chat's turns don't count
+    run(ChatKeeper(session, None).run_command("/undo"))  # the new chat's turn 1 undone: the old chat's don't count
     assert "last_prefill_tokens" not in session.stats()
 
 
 def test_system_and_set(session):
     run(session.send("hi"))
-    (ev,) = run(session.run_command("/system You are terse."))
+    (ev,) = run(ChatKeeper(session, None).run_command("/system You are terse."))
     assert ev.event == "system" and session.cache.pos == 0 and not session.exchanges
     assert session.tokens == session.template.start("You are terse.")
-    (info,) = run(session.run_command("/set temperature=0.7 top_k=5"))
+    (info,) = run(ChatKeeper(session, None).run_command("/set temperature=0.7 top_k=5"))
     assert session.settings.temperature == 0.7 and session.settings.top_k == 5
     for bad in ("/set temperature=hot", "/set nope=1", "/set top_p=0", "/frobnicate", "/retry now"):
-        (err,) = run(session.run_command(bad))
+        (err,) = run(ChatKeeper(session, None).run_command(bad))
         assert isinstance(err, Error) and "\n" not in err.message
 
 
@@ -211,12 +212,12 @@ def test_turn_numbers_follow_the_chat(tiny):
     """A retry regenerates the same turn, /undo and /reset take turns away, a trim does not."""
     s = Session(tiny, Settings(temperature=0.0, max_new_tokens=8), context=160)
     assert [turn_of(s.send(f"message {i} with some padding")).turn for i in range(3)] == [1, 2, 3]
-    assert turn_of(s.run_command("/retry")).turn == 3
-    list(s.run_command("/undo"))
+    assert turn_of(ChatKeeper(s, None).run_command("/retry")).turn == 3
+    list(ChatKeeper(s, None).run_command("/undo"))
     assert s.turns == 2 and turn_of(s.send("again")).turn == 3
     numbers = [turn_of(s.send(f"longer message number {i} to fill the small context")).turn for i in range(6)]
     assert numbers == [4, 5, 6, 7, 8, 9] and s.trimmed  # the context was trimmed on the way
-    list(s.run_command("/reset"))
+    list(ChatKeeper(s, None).run_command("/reset"))
     assert s.turns == 0 and turn_of(s.send("hi")).turn == 1
 
 
@@ -283,7 +284,7 @@ def test_a_model_failure_mid_reply_puts_the_chat_back(tiny):
     assert_invariant(s)
     assert_transcript(s)
 
-    events = fail_mid_reply(s.run_command("/retry"), poison)  # a failed retry keeps the old reply
+    events = fail_mid_reply(ChatKeeper(s, None).run_command("/retry"), poison)  # a failed retry keeps the old reply
     assert isinstance(events[-1], Error) and s.tokens == tokens
     assert [(e.user, e.reply) for e in s.exchanges] == replies
     assert_invariant(s)

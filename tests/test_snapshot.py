@@ -15,8 +15,8 @@ from test_session import assert_invariant, assert_transcript
 
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
 from chatapp.store.database import ChatStore
-from chatapp.store.keeper import ChatKeeper
 from chatapp.store.snapshots import MAX_SEGMENTS
 from model.families.llama import LlamaConfig
 from model.loading import LoadedModel, LoadOptions, load_model
@@ -61,7 +61,7 @@ def store(tmp_path):
 RESTORE_SCRIPT = """
 import json, sys
 from safetensors.torch import save_file
-from chatapp.store.keeper import ChatKeeper
+from chatapp.keeper.keeper import ChatKeeper
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.store.database import ChatStore

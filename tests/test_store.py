@@ -9,17 +9,19 @@ import pytest
 from chatapp.chat.events import Error, Info, TurnStats
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
-from chatapp.store.database import ChatData, ChatStore, StoredMessage, StoreError, chats_dir, data_home
-from chatapp.store.keeper import ChatKeeper, Saved
-from chatapp.store.reopen import Restored
+from chatapp.keeper.keeper import ChatKeeper, Saved
+from chatapp.keeper.reopen import Restored
+from chatapp.store.database import ChatStore, chats_dir, data_home
+from chatapp.store.records import ChatRecord, StoredMessage, StoreError
+from model.errors import UserError
 
 
-def chat(title="t", n=2) -> ChatData:
+def chat(title="t", n=2) -> ChatRecord:
     msgs = []
     for i in range(n):
         msgs += [StoredMessage("user", f"q{i}", [1, 2, i]), StoredMessage("assistant", f"a{i}", [3, i], [{"expr": "1+1",
                                                                                             "result": "2"}])]
-    return ChatData(title, "random:tiny", "fp", "tfp", {"temperature": 0.0}, "sys", [9, 9], 17, msgs)
+    return ChatRecord(title, "random:tiny", "fp", "tfp", {"temperature": 0.0}, "sys", [9, 9], 17, msgs)
 
 
 def turns(events) -> list[TurnStats]:
@@ -314,3 +316,28 @@ def test_two_windows_on_one_chat_lose_nothing(tiny, store):
     assert users(b) == ["first, from A", "second, from B", "third, from B"]
     list(a.send("third, from A"))
     assert users(a) == ["first, from A", "second, from A", "third, from A"]
+
+
+def test_the_chats_screen_renames_and_deletes_through_the_keeper(keeper, store):
+    """The open chat takes its new title at once and stays saved (no stale title written back,
+    nothing unsaved at exit); the open chat is refused deletion; another one goes, snapshot too."""
+    other = store.save(chat("other"))
+    list(keeper.send("hi"))
+    mine = keeper.chat_id
+    assert mine is not None and not keeper.unsaved()
+    keeper.rename_chat(mine, "  my   notes ")
+    assert keeper.title == store.get(mine).title == "my notes" and not keeper.unsaved()
+    list(keeper.send("more"))  # the next save keeps the new title
+    assert store.get(mine).title == "my notes"
+    keeper.rename_chat(other, "theirs")
+    assert store.get(other).title == "theirs" and keeper.title == "my notes"
+    with pytest.raises(StoreError, match="cannot be empty"):
+        keeper.rename_chat(other, "   ")
+    with pytest.raises(UserError, match=f"chat #{mine} is open here"):
+        keeper.delete_chat(mine)
+    store.snapshot_dir(other).mkdir(parents=True)
+    keeper.delete_chat(other)
+    assert store.get(other) is None and not store.snapshot_dir(other).exists() and store.get(mine) is not None
+    assert [c.id for c in keeper.chats()[0]] == [mine] and keeper.chats("notes")[1] == {mine}
+    with pytest.raises(UserError, match=r"not stored in this session \(--no-store\)"):
+        ChatKeeper(keeper.session, None).rename_chat(mine, "x")

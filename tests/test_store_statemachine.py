@@ -18,9 +18,9 @@ from test_session import assert_invariant, assert_transcript
 
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
+from chatapp.keeper.reopen import archived, stored_conversation
 from chatapp.store.database import ChatStore
-from chatapp.store.keeper import ChatKeeper
-from chatapp.store.reopen import archived, stored_conversation
 from model.loading import load_model
 
 LM = load_model("random:tiny")  # one model for every machine hypothesis builds

@@ -24,6 +24,7 @@ from chatapp.chat.edit import check_edit, rewind_and_send
 from chatapp.chat.events import Trimmed, TurnStats
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
 from model.chat_formats.templates import ChatML, Llama3, Qwen3
 from model.chat_formats.whole import TemplateFormat
 from model.loading import load_model
@@ -107,14 +108,14 @@ def test_a_whole_template_over_retry_undo_edit_and_trim(models):
     for text in ("first message", "second one", "third"):
         turn_of(s.send(text))
         assert_invariant(s)
-    st = turn_of(s.run_command("/retry"))
+    st = turn_of(ChatKeeper(s, None).run_command("/retry"))
     assert st.cached_before >= s.exchanges[-1].start and len(s.exchanges) == 3
     assert_invariant(s)
-    list(s.run_command("/undo"))
+    list(ChatKeeper(s, None).run_command("/undo"))
     assert [ex.user for ex in s.exchanges] == ["first message", "second one"]
     assert_invariant(s)
     want = lm.template.render(s.system, whole.pairs_of(s, s.exchanges[:1]), None).tokens
-    list(s.run_command("/undo"))
+    list(ChatKeeper(s, None).run_command("/undo"))
     assert s.tokens == want   # the first exchange closed, its reply's ids as the model wrote them
     assert_invariant(s)
     turn_of(s.send("again"))
@@ -146,8 +147,8 @@ def test_headless_two_turns_on_mistrals_template(models, home):
 
 
 def test_a_whole_template_chat_reopens_with_its_ids_and_cache(models, tmp_path):
+    from chatapp.keeper.keeper import ChatKeeper
     from chatapp.store.database import ChatStore
-    from chatapp.store.keeper import ChatKeeper
 
     lm = models("Mistral")
     store = ChatStore(tmp_path / "chats")
@@ -193,7 +194,7 @@ def test_a_template_without_a_system_role_refuses_one_in_one_line(models):
     s = Session(models("Mistral"), Settings(temperature=0.0, max_new_tokens=4), context=512)
     turn_of(s.send("Hello"))
     before = (list(s.tokens), s.cache.pos)
-    events = list(s.run_command("/system Be brief."))
+    events = list(ChatKeeper(s, None).run_command("/system Be brief."))
     assert [type(e) for e in events] == [Error] and "refuses this chat" in events[0].message
     events = list(s.respond_to([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]))
     assert [type(e) for e in events] == [Error] and "\n" not in events[0].message

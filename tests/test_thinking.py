@@ -19,8 +19,8 @@ from chatapp.chat.events import TextDelta, TurnStats
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.headless import run_headless
+from chatapp.keeper.keeper import ChatKeeper
 from chatapp.store.database import ChatStore
-from chatapp.store.keeper import ChatKeeper
 from chatapp.tui.transcript import Thinking
 from kvcache import Attention
 from model.chat_formats.recognize import template_for

@@ -16,6 +16,7 @@ import torch
 from chatapp.chat.events import ToolCall, TurnStats, to_json
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
 from kvcache import Attention
 from model.chat_formats.templates import NanochatFormat
 from model.families.nanochat import Nanochat
@@ -107,7 +108,7 @@ def test_tool_call_forces_output_through_the_cache(calc_model):
 
     # /retry rewinds over the forced tokens and replays the same call.
     before = list(s.tokens)
-    list(s.run_command("/retry"))
+    list(ChatKeeper(s, None).run_command("/retry"))
     assert s.tokens == before
     assert_cache_holds_tokens(s)
 

@@ -9,6 +9,7 @@ from chatapp.chat.events import Error, Prefilling, Trimmed
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.chat.trim import REPLY_BUDGET, count_to_drop
+from chatapp.keeper.keeper import ChatKeeper
 from chatapp.launch import settings_from
 from chatapp.options import chat_parser
 from model.errors import UserError
@@ -82,10 +83,10 @@ def test_trims_are_rare_exact_and_counted_in_the_turn(tiny):
 def test_low_water_is_validated_for_set_and_the_flag(tiny):
     s = Session(tiny, Settings(temperature=0.0, max_new_tokens=4), context=CONTEXT)
     for bad in ("/set low_water=2", "/set low_water=0", "/set low_water=half"):
-        (err,) = run(s.run_command(bad))
+        (err,) = run(ChatKeeper(s, None).run_command(bad))
         assert isinstance(err, Error) and "low_water must be a number in (0, 1]" in err.message
         assert "\n" not in err.message
-    run(s.run_command("/set low_water=0.25"))
+    run(ChatKeeper(s, None).run_command("/set low_water=0.25"))
     assert s.settings.low_water == 0.25 and s.stats()["low_water"] == 0.25
     assert settings_from(chat_parser().parse_args(["--low-water", "0.7"])).low_water == 0.7
     with pytest.raises(UserError, match="low_water"):

@@ -25,7 +25,7 @@ async def test_tool_calls_are_shown_apart_from_the_reply():
     scripted = pytest.importorskip("test_tool_session", reason="needs the scripted nanochat model").scripted
     from chatapp.chat.session import Session
     from chatapp.chat.settings import Settings
-    from chatapp.store.keeper import ChatKeeper
+    from chatapp.keeper.keeper import ChatKeeper
 
     lm = scripted("12*7", " ok")
     settings = Settings(temperature=0.0, max_new_tokens=40)

@@ -164,7 +164,7 @@ async def test_the_header_drops_the_chat_name_after_reset_even_when_the_store_is
     the app used to redraw the header before that and keep the old chat's name for good."""
     import time
 
-    from chatapp.store.keeper import ChatKeeper
+    from chatapp.keeper.keeper import ChatKeeper
 
     detach = ChatKeeper.detach
     monkeypatch.setattr(ChatKeeper, "detach", lambda self: (time.sleep(0.05), detach(self))[1])

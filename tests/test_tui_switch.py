@@ -8,7 +8,7 @@ from test_session import assert_invariant
 from textual.widgets import OptionList
 from tui_pilot import make_app, notices, ready, replies, submit, until
 
-from chatapp.store.models import DEFAULT
+from chatapp.keeper.models import DEFAULT
 from chatapp.tui.model_screen import ModelScreen
 
 SIZE = (120, 40)

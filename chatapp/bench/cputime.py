@@ -20,7 +20,7 @@ It prints one row per depth and round, then the medians and the ratio llama.cpp 
 from __future__ import annotations
 
 import argparse
-import os
+import resource
 import statistics
 import subprocess
 import time
@@ -49,11 +49,14 @@ def ours_ms(gen: Generator, depth: int, tokens: int) -> float:
 
 
 def _child_cpu(cmd: list[str]) -> float:
-    """User + system CPU seconds of one run of `cmd` (and its children)."""
-    before = os.times()
+    """User + system CPU seconds of one run of `cmd` (getrusage: microseconds, where os.times
+    counts clock ticks of 10 ms)."""
+    def used() -> float:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+    before = used()
     subprocess.run(cmd, check=True, capture_output=True, env=peer_env())
-    after = os.times()
-    return (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return used() - before
 
 
 def llama_ms(binary: str, gguf: str, depth: int, tokens: int) -> float:

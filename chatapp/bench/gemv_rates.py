@@ -1,7 +1,7 @@
 """Each weight format's GEMV read rate from memory, one thread, by thread CPU time; and the whole C
 step's CPU time a token, for builds of the kernels compared in one process, alternating.
 
-`python -m chatapp.bench.gemv_rates FILE.gguf [--build FLAGS | --build DIR[:FLAGS]]... [--step DEPTH]`
+`python -m chatapp.bench.gemv_rates FILE.gguf [--build=FLAGS | --build DIR[:FLAGS]]... [--step DEPTH]`
 
 Each `--build` is one build of model/cpu: extra compiler flags (`-DPF_FAR=0`), or a
 folder holding another version of the sources (`git show OLD:model/cpu/qdecode.c` and

@@ -61,7 +61,7 @@ def summarize(rows: list[LongTurn], kv_bytes_per_token: int) -> dict:
            "reprefill_turns": sum(r.reprefilled > 0 for r in rows),
            "reprefilled_tokens": sum(r.reprefilled for r in rows),
            "worst_ttft_ms": max(r.ttft_ms for r in rows),
-           # each trim rewrites the whole KV snapshot of the stored chat (store/keeper.py)
+           # each trim rewrites the whole KV snapshot of the stored chat (chatapp/keeper/keeper.py)
            "snapshot_rewrite_mb": sum(r.reprefilled for r in rows) * kv_bytes_per_token / 1e6}
     if before and after:
         out["ratio"] = out["median_ttft_after_ms"] / out["median_ttft_before_ms"]

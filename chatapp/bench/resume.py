@@ -22,8 +22,8 @@ import torch
 from chatapp.chat.events import TurnStats
 from chatapp.chat.session import Exchange, Session
 from chatapp.chat.settings import Settings
+from chatapp.keeper.keeper import ChatKeeper
 from chatapp.store.database import ChatStore
-from chatapp.store.keeper import ChatKeeper
 from model.loading import LoadedModel, LoadOptions, load_model
 
 WORDS = ("the cache keeps every token of the chat so a new turn pays only for its own words while "
@@ -63,7 +63,7 @@ def turn_ttft(session: Session, repeats: int) -> tuple[TurnStats, float]:
     first = first_turn(session)
     times = [first.ttft_ms]
     for _ in range(repeats - 1):
-        list(session.run_command("/undo"))
+        list(session.undo())
         times.append(first_turn(session).ttft_ms)
     return first, statistics.median(times)
 

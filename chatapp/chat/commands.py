@@ -75,12 +75,18 @@ COMMANDS = {c.name: c for c in TABLE}
 
 @dataclass
 class Command:
+    """A parsed command line: what a face hands its keeper (`keeper.run`), parsed once."""
     spec: CommandSpec
     arg: str = ""
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @classmethod
+    def of(cls, name: str, arg: str = "") -> Command:
+        """One a face makes itself (the chats screen's open is `/load ID`)."""
+        return cls(COMMANDS[name], arg)
 
 
 def is_text(s: str) -> bool:
@@ -133,6 +139,13 @@ def split_input(text: str) -> tuple[str, str]:
     if s.startswith("/"):
         return "command", s.strip()
     return "user", text
+
+
+def parse_input(text: str) -> Command | str:
+    """A typed line: the message to send, or its command parsed (UserError: malformed, in the
+    one line every face shows)."""
+    kind, body = split_input(text)
+    return parse_command(body) if kind == "command" else body
 
 
 def help_rows(tui: bool = False) -> list[tuple[str, str]]:

@@ -15,7 +15,7 @@ as the first message of a chat does.
 N counts the exchanges as shown, trimmed ones too (`Session.turns`). One a trim took out of
 the context is refused rather than re-prefilled: its tokens are gone, and editing it would
 re-prefill the whole kept history, which /edit promises not to do. The keeper
-(chatapp/store/keeper.py) keeps the old continuation as a branch before calling `rewind_and_send`.
+(chatapp/keeper/keeper.py) keeps the old continuation as a branch before calling `rewind_and_send`.
 """
 
 from __future__ import annotations

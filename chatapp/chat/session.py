@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from chatapp.chat import reply, respond, trim, whole
 from chatapp.chat.attach import PASTED, Attachment, Attachments, Budget, file_command
 from chatapp.chat.clip import pick_reply
-from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
+from chatapp.chat.commands import help_text, is_text
 from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, SessionFigures, Trimmed, TurnStats
 from chatapp.chat.exchange import Exchange
 from chatapp.chat.figures import stats_line
@@ -194,18 +194,7 @@ class Session:
             self.tokens += hist + closing
             ex.end = len(self.tokens)
 
-    # --- commands (chatapp/chat/commands.py's table names these handlers) ----------
-    def run_command(self, line: str) -> Iterator[Event]:
-        try:
-            cmd = parse_command(line)
-        except UserError as e:
-            yield Error(str(e))
-            return
-        if cmd.spec.store:  # served by chatapp/store/keeper.py's ChatKeeper
-            yield Error(f"{cmd.name}: chats are not kept in this session")
-            return
-        yield from run_handler(getattr(self, cmd.spec.handler), cmd.arg)
-
+    # --- commands (chatapp/chat/commands.py's table names these; the keeper dispatches) ------
     def reset_chat(self, _arg: str = "") -> Iterator[Event]:
         self.reset()
         yield self.state("reset")

@@ -12,7 +12,8 @@ from chatapp.options import given_sampling
 from chatapp.remote.client import OpenAIClient, RemoteError
 from chatapp.remote.keeper import RemoteKeeper
 from chatapp.remote.session import RemoteSession
-from chatapp.store.database import ChatStore, StoreError
+from chatapp.store.database import ChatStore
+from chatapp.store.records import StoreError
 from model.errors import UserError
 
 KEY_ENV = "NANOCHAT_TUI_API_KEY"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from chatapp.chat.attach import PASTED, Attachment, Attachments, Budget, file_command
 from chatapp.chat.clip import pick_reply
-from chatapp.chat.commands import help_text, is_text, parse_command, run_handler
+from chatapp.chat.commands import help_text, is_text
 from chatapp.chat.edit import parse_edit
 from chatapp.chat.events import (
     CacheState,
@@ -36,7 +36,6 @@ from chatapp.chat.settings import Settings, set_command
 from chatapp.remote.client import Figures, OpenAIClient, RemoteError
 from model.errors import UserError
 
-NO_SERVER_SIDE = {"/model": "the server decides the model: start another server, or leave out --backend"}
 CHARS_PER_TOKEN = 4  # only to bound a /file attachment: the server's tokenizer is not here
 
 
@@ -162,18 +161,7 @@ class RemoteSession:
         self.last = st
         return st
 
-    # --- commands ------------------------------------------------------------------
-    def run_command(self, line: str) -> Iterator[Event]:
-        try:
-            cmd = parse_command(line)
-        except UserError as e:
-            yield Error(str(e))
-            return
-        if cmd.name in NO_SERVER_SIDE:
-            yield Error(f"{cmd.name}: not with --backend: {NO_SERVER_SIDE[cmd.name]}")
-            return
-        yield from run_handler(getattr(self, cmd.spec.handler), cmd.arg)
-
+    # --- commands (chatapp/chat/commands.py's table names these; RemoteKeeper.run dispatches) ---
     def reset_chat(self, _arg: str = "") -> Iterator[Event]:
         self.exchanges, self.turn_stats, self.last = [], [], None
         yield self.state("reset")

@@ -1,1 +1,1 @@
-"""Kept chats: the database, the KV snapshots, the model identity, the keeper, reopening a chat, export."""
+"""Kept chats, persistence only: the database, the KV snapshots, the model identity, export, atomic files."""

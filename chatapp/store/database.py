@@ -17,55 +17,19 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from chatapp.store import schema
+from chatapp.store.records import ChatChanged, ChatRecord, ChatSummary, StoredMessage, StoreError, describe
 from chatapp.store.tempfiles import sweep
 from chatapp.store.validate import DAMAGED_SQL, chat_row
-from model.errors import UserError
 from model.paths import tui_home
-
-SCHEMA_VERSION = 2  # 2: messages.stop (a v1 store gains the column when opened writable)
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS chats (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    title TEXT NOT NULL,
-    model TEXT NOT NULL,                 -- the spec it was made with, for people
-    model_fingerprint TEXT NOT NULL,     -- config + weights + dtype + backend (snapshot key)
-    tokenizer_fingerprint TEXT NOT NULL, -- stored token ids are reusable iff this matches
-    settings TEXT NOT NULL,              -- JSON of the session's Settings
-    system TEXT NOT NULL,                -- the system prompt as rendered
-    prefix_tokens TEXT NOT NULL,         -- JSON ids: the conversation's opening (BOS, system)
-    cache_pos INTEGER NOT NULL,          -- cache_seqlens at save: how far a re-prefill goes
-    created REAL NOT NULL,
-    updated REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS messages (
-    chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-    seq INTEGER NOT NULL,
-    role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
-    content TEXT NOT NULL,
-    token_ids TEXT NOT NULL,             -- JSON ids of this message's span of the token list
-    tool_calls TEXT NOT NULL DEFAULT '[]',
-    stop TEXT NOT NULL DEFAULT '',       -- why a reply ended: end | length | cancel | error ('' = not known)
-    PRIMARY KEY (chat_id, seq)
-);
-CREATE INDEX IF NOT EXISTS chats_by_update ON chats(updated);
-"""
-
-
-class StoreError(UserError):
-    """The store cannot do what was asked; the message is one line for the user."""
 
 
 def writable(path: Path) -> bool:
     """A store we can write: the file and its folder (SQLite makes its WAL side files there)."""
     folder = path if path.is_dir() else path.parent
     return os.access(folder, os.W_OK) and (path.is_dir() or os.access(path, os.W_OK))
-
-
-class ChatChanged(StoreError):
-    """Another window saved this chat since we last read or wrote it."""
 
 
 def data_home() -> Path:
@@ -82,56 +46,6 @@ def chats_dir() -> Path:
     return data_home() / "chats"
 
 
-@dataclass
-class StoredMessage:
-    role: str                 # "user" | "assistant"
-    content: str
-    token_ids: list[int]
-    tool_calls: list[dict] = field(default_factory=list)
-    stop: str = ""            # a reply's stop reason (TurnStats.stop); "" for user rows and v1 stores
-
-
-@dataclass
-class ChatData:
-    """A whole chat as stored. `id` None: not stored yet."""
-
-    title: str
-    model: str
-    model_fingerprint: str
-    tokenizer_fingerprint: str
-    settings: dict
-    system: str
-    prefix_tokens: list[int]
-    cache_pos: int
-    messages: list[StoredMessage] = field(default_factory=list)
-    id: int | None = None
-    created: float = 0.0
-    updated: float = 0.0
-    damage: list[str] = field(default_factory=list)  # cells that could not be read as stored (validate.py)
-
-
-@dataclass
-class ChatSummary:
-    id: int
-    title: str
-    model: str
-    updated: float
-    messages: int
-    damaged: bool = False  # a cell SQL can tell is corrupt: the list marks it (validate.DAMAGED_SQL)
-
-
-def describe(e: BaseException) -> str:
-    """sqlite3/OS errors in words a user can act on."""
-    text = str(e)
-    if "locked" in text or "busy" in text:
-        return "the database is locked by another program (another nanochat-tui?)"
-    if "readonly" in text or "read-only" in text:
-        return "the database is read-only"
-    if isinstance(e, OSError) and e.strerror:
-        return f"{e.strerror} ({e.filename})" if e.filename else e.strerror
-    return text
-
-
 class ChatStore:
     def __init__(self, root: Path | None = None, timeout: float = 2.0, read_only: bool | None = None):
         """`read_only` None: read-only when this process cannot write the database or its folder
@@ -139,7 +53,7 @@ class ChatStore:
         opened for writing first removes what a killed process left (`tidy`)."""
         self.root = Path(root) if root is not None else chats_dir()
         self.path = self.root / "chats.db"
-        self.lock = threading.Lock()  # the TUI saves from a worker thread and renames from the UI one
+        self.lock = threading.Lock()  # the TUI saves from its turn worker, lists from the UI thread
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             if self.path.exists() and not self.path.is_file():  # a link to /dev/null: SQLite would write beside it
@@ -147,34 +61,13 @@ class ChatStore:
             if read_only is None:
                 read_only = self.path.exists() and not writable(self.path)
             self.read_only = read_only
-            self.db = self._connect(timeout)
+            self.db = schema.connect(self.path, timeout, read_only)
             self.db.execute("PRAGMA foreign_keys = ON")
-            self._init_schema()
+            schema.init(self.db, self.path, read_only)
         except (sqlite3.Error, OSError) as e:
             raise StoreError(f"cannot open the chats database {self.path}: {describe(e)}") from None
         if not read_only:
             self.tidy()
-
-    def _connect(self, timeout: float) -> sqlite3.Connection:
-        """Read-only: `mode=ro` sees a live writer's commits, but SQLite cannot open a WAL database
-        that way without a -shm file it can use (a clean exit deletes it, and we cannot create
-        one in a folder we cannot write, nor recover a stale one we cannot write), so it falls
-        back to `immutable=1`: the file as it is now."""
-        uri = self.path.resolve().as_uri()
-
-        def connect(query: str) -> sqlite3.Connection:
-            # check_same_thread off: every use goes through self.lock instead.
-            return sqlite3.connect(uri + query, timeout=timeout, isolation_level=None, check_same_thread=False,
-                                   uri=True)
-        if not self.read_only:
-            return connect("")
-        db = connect("?mode=ro")
-        try:
-            db.execute("PRAGMA user_version").fetchone()
-            return db
-        except sqlite3.OperationalError:
-            db.close()
-            return connect("?immutable=1")
 
     def tidy(self) -> None:
         """Remove what a process killed mid-write left: snapshot temp files of dead writers, and
@@ -195,48 +88,6 @@ class ChatStore:
             if int(d.name) not in ids:
                 shutil.rmtree(d, ignore_errors=True)
 
-    def _init_schema(self) -> None:
-        version = self.db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise StoreError(f"{self.path} was written by a newer nanochat-tui (schema {version})")
-        if version == SCHEMA_VERSION:
-            self._try_wal()
-            return
-        self._try_wal()
-        if version == 1:
-            if not self.read_only:
-                self._upgrade_v1()
-            return
-        # IF NOT EXISTS inside one transaction: two processes creating the store at once both win.
-        self.db.executescript(f"BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
-
-    def _upgrade_v1(self) -> None:
-        """A v1 store gains messages.stop (its rows: '', not known). A read-only one is read as it
-        is (`_stop_column` says so) and saving says why it cannot write."""
-        try:
-            self.db.executescript("BEGIN IMMEDIATE; ALTER TABLE messages ADD COLUMN stop TEXT NOT NULL DEFAULT '';"
-                                  f" PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
-        except sqlite3.OperationalError as e:
-            if self.db.in_transaction:
-                self.db.execute("ROLLBACK")
-            if "duplicate column" in str(e):  # another process upgraded it between our two reads
-                return
-            if "readonly" not in str(e) and "read-only" not in str(e) and "locked" not in str(e):
-                raise
-
-    def _stop_column(self, db: sqlite3.Connection) -> str:
-        """`stop`, or '' for a v1 store that could not be upgraded (read-only)."""
-        cols = {r[1] for r in db.execute("PRAGMA table_info(messages)").fetchall()}
-        return "stop" if "stop" in cols else "''"
-
-    def _try_wal(self) -> None:
-        try:
-            self.db.execute("PRAGMA journal_mode = WAL")
-        except sqlite3.OperationalError:
-            pass  # a read-only database still reads; saving will say why it cannot write
-        # FULL: a turn reported as saved survives a power cut too, not only a killed process.
-        self.db.execute("PRAGMA synchronous = FULL")
-
     @contextmanager
     def _guard(self, action: str) -> Iterator[sqlite3.Connection]:
         with self.lock:
@@ -252,7 +103,7 @@ class ChatStore:
                 raise
 
     # --- writing ------------------------------------------------------------
-    def save(self, chat: ChatData, expect: list[tuple[str, str]] | None = None) -> int:
+    def save(self, chat: ChatRecord, expect: list[tuple[str, str]] | None = None) -> int:
         """Insert or replace the whole chat in one transaction; returns its id. With `expect`
         (the (role, content) of its messages when we last read or wrote it): ChatChanged if the
         store holds other messages now. Another window wrote them, and replacing the chat
@@ -278,7 +129,7 @@ class ChatStore:
             db.execute("DELETE FROM messages WHERE chat_id = ?", (chat.id,))
             rows = [(chat.id, i, m.role, m.content, json.dumps(m.token_ids), json.dumps(m.tool_calls), m.stop)
                     for i, m in enumerate(chat.messages)]
-            if self._stop_column(db) == "stop":
+            if schema.stop_column(db) == "stop":
                 db.executemany("INSERT INTO messages (chat_id, seq, role, content, token_ids, tool_calls, stop)"
                                " VALUES (?,?,?,?,?,?,?)", rows)
             else:  # a v1 store that stayed v1 (locked at open): saved as v1 saves, without the stops
@@ -295,13 +146,15 @@ class ChatStore:
         if [tuple(r) for r in held] != expect:
             raise ChatChanged(f"chat {chat_id} was changed or deleted in another window")
 
-    def rename(self, chat_id: int, title: str) -> None:
+    def rename(self, chat_id: int, title: str) -> str:
+        """The title as stored (whitespace runs made one space)."""
         title = " ".join(title.split())
         if not title:
             raise StoreError("a chat title cannot be empty")
         with self._guard("rename the chat") as db:
             if db.execute("UPDATE chats SET title = ? WHERE id = ?", (title, chat_id)).rowcount == 0:
                 raise StoreError(f"no chat {chat_id}")
+        return title
 
     def delete(self, chat_id: int, expect: list[tuple[str, str]] | None = None) -> None:
         """With `expect` (as for `save`): ChatChanged, and nothing deleted, if the store holds
@@ -315,7 +168,7 @@ class ChatStore:
         shutil.rmtree(self.snapshot_dir(chat_id), ignore_errors=True)
 
     # --- reading ------------------------------------------------------------
-    def get(self, chat_id: int) -> ChatData | None:
+    def get(self, chat_id: int) -> ChatRecord | None:
         if not 0 < chat_id < 2**63:  # SQLite integers are signed 64-bit: no such row, not an OverflowError
             return None
         with self._guard("read the chat") as db:
@@ -324,9 +177,9 @@ class ChatStore:
                              (chat_id,)).fetchone()
             if row is None:
                 return None
-            msgs = db.execute(f"SELECT role, content, token_ids, tool_calls, {self._stop_column(db)} FROM messages"
+            msgs = db.execute(f"SELECT role, content, token_ids, tool_calls, {schema.stop_column(db)} FROM messages"
                               " WHERE chat_id = ? ORDER BY seq", (chat_id,)).fetchall()
-        return chat_row(row, msgs, ChatData, StoredMessage)  # every cell checked: a corrupt one is noted, never raised
+        return chat_row(row, msgs, ChatRecord, StoredMessage)  # every cell checked: a corrupt one noted, never raised
 
     def list(self, limit: int = 500) -> list[ChatSummary]:
         """Most recently updated first."""

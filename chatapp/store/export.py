@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chatapp.chat.events import ToolCall
-from chatapp.store.database import StoreError
 from chatapp.store.export_files import relabel
+from chatapp.store.records import StoreError
 from chatapp.store.tempfiles import write_atomic
 
 # The last line of every export (invisible in rendered Markdown): a file that ends with it may be

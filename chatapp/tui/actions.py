@@ -10,7 +10,7 @@ from functools import partial
 
 from textual.app import SystemCommand
 
-from chatapp.chat.commands import TABLE, CommandSpec
+from chatapp.chat.commands import TABLE, Command, CommandSpec
 from chatapp.tui.chats_screen import ChatAction, ChatsScreen
 from chatapp.tui.editing import Editing
 from chatapp.tui.face import Face
@@ -59,18 +59,17 @@ class Actions:
         if app.keeper.store is None:
             app.notify(f"Chats are not kept in this session ({app.keeper.why_no_store}).", severity="warning")
             return
-        app.push_screen(ChatsScreen(app.keeper.store, app.keeper.chat_id), self.chats_closed)
+        app.push_screen(ChatsScreen(app.keeper), self.chats_closed)
 
     async def chats_closed(self, action: ChatAction | None) -> None:
         app, keeper = self.app, self.app.keeper
-        keeper.follow_rename()
         app.show_chat()
         if action is None or not app.can_start():  # a turn started behind the screen (the palette)
             return
         if action.kind == "open" and action.chat_id != keeper.chat_id:
-            app.start_turn(partial(keeper.run_command, f"/load {action.chat_id}"), "command")
+            app.start_turn(partial(keeper.run, Command.of("/load", str(action.chat_id))), "command")
         elif action.kind == "new":
-            app.start_turn(partial(keeper.run_command, "/reset"), "command")
+            app.start_turn(partial(keeper.run, Command.of("/reset")), "command")
 
     async def copy_reply(self) -> None:
         """Ctrl+Y: the last reply to the clipboard, through /copy (the session knows its text)."""

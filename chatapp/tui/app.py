@@ -37,7 +37,7 @@ from chatapp.tui.turns import Turns
 from chatapp.tui.visible import visible
 
 if TYPE_CHECKING:  # the keeper imports torch, which must not delay the first frame
-    from chatapp.store.keeper import ChatKeeper
+    from chatapp.keeper.keeper import ChatKeeper
 
 CHAT_ACTIONS = {"stop", "chats", "copy_reply", "help"}
 

@@ -54,7 +54,7 @@ class TurnFinished(Message):
 class Loaded(Message):
     """From the load worker: the chat (a ChatKeeper) is ready, and its session's figures."""
 
-    def __init__(self, chat, figures: SessionFigures) -> None:
+    def __init__(self, chat, figures: SessionFigures | None) -> None:
         super().__init__()
         self.chat, self.figures = chat, figures
 

@@ -1,24 +1,30 @@
 """The chats screen: the stored chats, newest first; open, rename, delete, or start a new one.
 
-It manages the list itself (rename and delete go straight to the store) and hands back only
-what the app must act on, through `dismiss`: `ChatAction("open", id)`, `ChatAction("new")`, or
-None when closed with Esc. The chat open in the app cannot be deleted from here.
+It manages the list through the app's keeper (chatapp/keeper/base.py): the list is read from it,
+and rename and delete are the keeper's, run in a worker thread (a store locked by another program
+waits there, not in the screen), so the open chat's title follows a rename at once. It hands back
+only what the app must act on, through `dismiss`: `ChatAction("open", id)`, `ChatAction("new")`,
+or None when closed with Esc. The chat open in the app cannot be deleted from here.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from rich.text import Text
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Label
 
-from chatapp.store.database import ChatStore, StoreError
+from chatapp.keeper.base import Keeper
 from chatapp.tui.visible import visible
+from model.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -52,9 +58,9 @@ class ChatsScreen(Screen[ChatAction | None]):
     ChatsScreen .hint { color: $text-muted; margin-top: 1; }
     """
 
-    def __init__(self, store: ChatStore, current: int | None = None) -> None:
+    def __init__(self, keeper: Keeper) -> None:
         super().__init__()
-        self.store, self.current = store, current
+        self.keeper = keeper
         self.confirm_delete: int | None = None  # a first `d` arms, a second on the same chat deletes
 
     def compose(self) -> ComposeResult:
@@ -86,9 +92,8 @@ class ChatsScreen(Screen[ChatAction | None]):
     def reload(self, select: int | None = None) -> None:
         query = self.search_box.value.strip()
         try:
-            chats = self.store.list()
-            found = self.store.search(query) if query else None
-        except StoreError as e:
+            chats, found = self.keeper.chats(query)
+        except UserError as e:  # StoreError: a locked or damaged store
             self.notify(str(e), severity="error")
             chats, found = [], None
         total = len(chats)
@@ -96,7 +101,7 @@ class ChatsScreen(Screen[ChatAction | None]):
             chats = [c for c in chats if c.id in found]
         self.table.clear()
         for c in chats:
-            mark = (" (open)" if c.id == self.current else "") + (" (damaged)" if c.damaged else "")
+            mark = (" (open)" if c.id == self.keeper.chat_id else "") + (" (damaged)" if c.damaged else "")
             # Text, not str: a DataTable parses str cells as markup, and a title like "[/INST]" would crash it.
             self.table.add_row(str(c.id), Text(visible(c.title) + mark), Text(visible(c.model)), str(c.messages),
                                when(c.updated), key=str(c.id))
@@ -154,12 +159,12 @@ class ChatsScreen(Screen[ChatAction | None]):
             self.table.focus()
             return
         chat_id = self.selected()
-        if chat_id is not None:
-            try:
-                self.store.rename(chat_id, event.value)
-            except StoreError as e:
-                self.notify(str(e), severity="error")
-                return
+        if chat_id is None:
+            self.end_rename()
+            return
+        self.write(partial(self.keeper.rename_chat, chat_id, event.value), partial(self.renamed, chat_id))
+
+    def renamed(self, chat_id: int) -> None:
         self.end_rename()
         self.reload(select=chat_id)
 
@@ -171,7 +176,7 @@ class ChatsScreen(Screen[ChatAction | None]):
         chat_id = self.selected()
         if chat_id is None:
             return
-        if chat_id == self.current:
+        if chat_id == self.keeper.chat_id:
             self.notify("This chat is open: start a new chat (n) or open another before deleting it.",
                         severity="warning")
             return
@@ -180,11 +185,19 @@ class ChatsScreen(Screen[ChatAction | None]):
             self.notify(f"Press d again to delete chat {chat_id}.", severity="warning")
             return
         self.confirm_delete = None
+        self.write(partial(self.keeper.delete_chat, chat_id), self.reload, always=True)
+
+    @work(thread=True, group="chats-store", exit_on_error=False)
+    def write(self, change: Callable[[], None], done: Callable[[], None], always: bool = False) -> None:
+        """A rename or delete by the keeper, off the UI thread; `done` then runs on it (after a
+        refusal too if `always`), and a refusal is one line."""
         try:
-            self.store.delete(chat_id)
-        except StoreError as e:
-            self.notify(str(e), severity="error")
-        self.reload()
+            change()
+        except UserError as e:  # StoreError: locked, no such chat; the open chat refused
+            self.app.call_from_thread(self.notify, str(e), severity="error")
+            if not always:
+                return
+        self.app.call_from_thread(done)
 
     def on_data_table_row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
         self.confirm_delete = None  # moving away disarms a pending delete

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from chatapp.config import load_config
 from chatapp.options import FlagError
-from chatapp.tui.bridge import Loaded, LoadFailed, LoadProgress
+from chatapp.tui.bridge import Loaded, LoadFailed, LoadProgress, read_figures
 from chatapp.tui.face import Face
 from chatapp.tui.screens import ErrorScreen
 from chatapp.tui.show import SessionView
@@ -65,7 +65,7 @@ class Loading:
         except Exception as e:  # a failed load is shown as one line, never a traceback
             post(LoadFailed(f"{type(e).__name__}: {e}"))
         else:
-            post(Loaded(chat, chat.session.figures()))  # read here, off the UI thread
+            post(Loaded(chat, read_figures(chat.session.figures)))  # read here, off the UI thread
 
     def open_chat(self, args: argparse.Namespace, progress: Callable[[object], None]):
         if getattr(args, "backend", None):
@@ -95,7 +95,8 @@ class Loading:
             await t.notice(warning.removeprefix("nanochat-tui: "), "warning")
         if keeper.restored is not None:
             await t.notice(f"Chat #{keeper.chat_id} {keeper.title}: {keeper.restored.line}.", "dim")
-        app.panel.apply(msg.figures)
+        if msg.figures is not None:
+            app.panel.apply(msg.figures)
         if keeper.restored is not None:
             app.panel.apply(keeper.restored)
         app.show_chat()

@@ -1,7 +1,7 @@
 """Switching models in the app: the picker (`/model` alone, or "Switch model…" in the palette) and
 how a switch shows (progress in the cache panel, then the transcript redrawn for the new model).
 
-The switch itself is the keeper's `/model SPEC` (chatapp/store/switch.py), run in the turn worker
+The switch itself is the keeper's `/model SPEC` (chatapp/keeper/switch.py), run in the turn worker
 like any command, so the one-turn-at-a-time gate (`ChatApp.can_start`) covers it.
 """
 
@@ -67,7 +67,7 @@ class ModelPicker:
         app = self.app
         if isinstance(app.screen, ModelScreen) or not app.can_start():
             return
-        from chatapp.store.models import choices  # lazy: the pull module's imports stay off the first frame
+        from chatapp.keeper.models import choices  # lazy: the pull module's imports stay off the first frame
 
         store = app.keeper.store
         app.push_screen(ModelScreen(choices(store.root if store else None), app.session.lm.name), self.picked)

@@ -48,6 +48,8 @@ class InputBorder:
             return ""
         if text.lstrip().startswith("/") and not text.lstrip().startswith("//"):  # a command
             return ""
+        if s.tok is None:  # a --backend chat: the server's tokenizer is not here
+            return ""
         n = len(s.tok.encode(text))
         room = s.message_room
         return f"{n:,} tokens" + (f", more than the {room:,} a message can hold" if n > room else "")

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from functools import partial
 
-from chatapp.chat.commands import parse_command, split_input
+from chatapp.chat.commands import Command, parse_input
+from chatapp.chat.events import Error
 from chatapp.tui.bridge import Gate, pump
 from chatapp.tui.face import EventSource, Face
 from chatapp.tui.input import ChatInput
@@ -36,28 +37,30 @@ class Turns:
         """Send a message or run a command; False if the app cannot take it now."""
         if not self.can_start():
             return False
-        kind, text = split_input(text)
-        if kind == "command":
-            return await self.command(text)
+        try:
+            parsed = parse_input(text)  # parsed once: the keeper is handed the Command
+        except UserError as e:  # shown as the keeper's events are, in the turn's order
+            refusal = Error(str(e))
+            self.start(lambda: iter((refusal,)), "command")
+            return True
+        if isinstance(parsed, Command):
+            return self.command(parsed)
+        text = parsed
         await self.app.transcript.add_user(text)
         self.border.mark_sent()
         self.sent = text
         self.start(partial(self.app.keeper.send, text), "send")
         return True
 
-    async def command(self, line: str) -> bool:
+    def command(self, cmd: Command) -> bool:
         """A command the screen serves itself (its table entry names the action) runs here; the
-        rest go to the keeper, which reports malformed ones in the same words as headless mode."""
-        try:
-            cmd = parse_command(line)
-        except UserError:
-            cmd = None
-        if cmd is not None and cmd.spec.tui:
+        rest go to the keeper (`keeper.run`, chatapp/keeper/base.py)."""
+        if cmd.spec.tui:
             getattr(self.app, f"action_{cmd.spec.screen}")(cmd.arg)
-        elif cmd is not None and cmd.spec.screen and not cmd.arg:
+        elif cmd.spec.screen and not cmd.arg:
             getattr(self.app, f"action_{cmd.spec.screen}")()
         else:
-            self.start(partial(self.app.keeper.run_command, line), "command")
+            self.start(partial(self.app.keeper.run, cmd), "command")
         return True
 
     def can_start(self) -> bool:

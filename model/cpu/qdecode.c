@@ -681,3 +681,4 @@ int qd_simd(void) {   /* 0: portable C, 1: AVX2 */
     return 0;
 #endif
 }
+#include "qgemm.c"   /* the prefill GEMM (integer activations), on its own pool */

@@ -4,8 +4,10 @@ A `QLinear` holds one weight matrix in a block format (model/cpu/blocks.py) or d
 f32/f16/bf16, memory-mapped from the converted model directory. The decode step on the
 CPU (model/cpu/) reads these buffers directly. In PyTorch, a prefill dequantizes
 each matrix to fp32 when it is used (exact: the file's own values) and runs one GEMM; a
-single row (the last position's logits) goes through the same int8-activation kernel as
-the decode step, so the tied 49k-row head is never expanded.
+single row (the last position's logits) goes through the same int16-activation kernel as
+the decode step, so the tied 49k-row head is never expanded. Where the CPU has AVX-512 VNNI,
+many rows go through the integer GEMM instead (model/cpu/prefill_gemm.py, qgemm.c), which
+reads the blocks as they are.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.cpu import file_blocks, native
+from model.cpu import file_blocks, native, prefill_gemm
 from model.cpu.blocks import Q4, Q8, dequantize
 
 SCRATCH_MAX = 4 << 20   # floats: a 16 MB buffer serves every layer's matrix of models this size
@@ -115,6 +117,8 @@ class QLinear(nn.Module):
             y = torch.empty(self.out_features)
             lib.qd_gemv(self.qw(), xc.data_ptr(), y.data_ptr(), torch.get_num_threads())
             return y.reshape(*x.shape[:-1], self.out_features)
+        if self.blocks and (y := prefill_gemm.matmul(self.qw(), x)) is not None:   # a prefill: int8 GEMM
+            return y
         return F.linear(x.float(), self.weight_fp32(), self.bias)
 
 

@@ -16,8 +16,8 @@ from chatapp.chat import whole
 from chatapp.chat.events import Restored, ToolCall
 from chatapp.chat.session import Exchange, Session
 from chatapp.chat.settings import Settings
-from chatapp.store.database import ChatData, StoredMessage, StoreError
 from chatapp.store.identity import ModelIdentity, tokenizer_fingerprint
+from chatapp.store.records import ChatRecord, StoredMessage, StoreError
 from chatapp.store.snapshots import load_chain, plan_chain, scan
 
 
@@ -59,19 +59,19 @@ def ids_fit(tokens: list[int], vocab_size: int) -> bool:
     return all(type(t) is int and 0 <= t < vocab_size for t in tokens)
 
 
-def archived(chat: ChatData) -> list[Exchange]:
+def archived(record: ChatRecord) -> list[Exchange]:
     """The exchanges a trim took out of the context: stored with their text and no token ids."""
     return [Exchange(u.content, -1, -1, -1, a.content, [ToolCall(**c) for c in a.tool_calls])
-            for u, a in pairs(chat.messages) if not u.token_ids and not a.token_ids]
+            for u, a in pairs(record.messages) if not u.token_ids and not a.token_ids]
 
 
-def in_context(chat: ChatData) -> list[tuple[StoredMessage, StoredMessage]]:
-    return [(u, a) for u, a in pairs(chat.messages) if u.token_ids or a.token_ids]
+def in_context(record: ChatRecord) -> list[tuple[StoredMessage, StoredMessage]]:
+    return [(u, a) for u, a in pairs(record.messages) if u.token_ids or a.token_ids]
 
 
-def stored_conversation(chat: ChatData) -> tuple[list[int], list[Exchange]]:
-    tokens, exchanges = list(chat.prefix_tokens), []
-    for u, a in in_context(chat):
+def stored_conversation(record: ChatRecord) -> tuple[list[int], list[Exchange]]:
+    tokens, exchanges = list(record.prefix_tokens), []
+    for u, a in in_context(record):
         start = len(tokens)
         tokens += u.token_ids
         reply_start = len(tokens)
@@ -81,14 +81,14 @@ def stored_conversation(chat: ChatData) -> tuple[list[int], list[Exchange]]:
     return tokens, exchanges
 
 
-def rendered_conversation(session: Session, chat: ChatData) -> tuple[list[int], list[Exchange]]:
+def rendered_conversation(session: Session, record: ChatRecord) -> tuple[list[int], list[Exchange]]:
     """The transcript's text through this model's template: for a chat from another tokenizer.
     What was trimmed stays out of the context, as it was."""
     t = session.template
-    tokens, exchanges = t.start(chat.system), []
-    for u, a in in_context(chat):
+    tokens, exchanges = t.start(record.system), []
+    for u, a in in_context(record):
         start = len(tokens)
-        tokens += t.user_turn(u.content, "" if exchanges else chat.system)  # nanochat's system rides here
+        tokens += t.user_turn(u.content, "" if exchanges else record.system)  # nanochat's system rides here
         reply_start = len(tokens)
         tokens += session.tok.encode(a.content) + t.end_reply()
         exchanges.append(Exchange(u.content, start, reply_start, len(tokens), a.content,
@@ -96,84 +96,84 @@ def rendered_conversation(session: Session, chat: ChatData) -> tuple[list[int], 
     return tokens, exchanges
 
 
-def fits_template(session: Session, chat: ChatData, tokens: list[int], exchanges: list[Exchange]) -> bool:
+def fits_template(session: Session, record: ChatRecord, tokens: list[int], exchanges: list[Exchange]) -> bool:
     """The stored ids are this template's rendering of the transcript (replies aside)."""
     t = session.template
     closing = t.end_reply()
-    return t.fits_start(tokens[:len(chat.prefix_tokens)], chat.system) and all(
-        tokens[ex.start:ex.reply_start] == t.user_turn(ex.user, "" if i else chat.system)
+    return t.fits_start(tokens[:len(record.prefix_tokens)], record.system) and all(
+        tokens[ex.start:ex.reply_start] == t.user_turn(ex.user, "" if i else record.system)
         and tokens[ex.end - len(closing):ex.end] == closing for i, ex in enumerate(exchanges))
 
 
-def conversation(session: Session, chat: ChatData) -> tuple[list[int], list[Exchange], str]:
+def conversation(session: Session, record: ChatRecord) -> tuple[list[int], list[Exchange], str]:
     """The token list and exchanges to adopt, and a note when the stored ids could not be used."""
-    same = chat.tokenizer_fingerprint == tokenizer_fingerprint(session.tok) and not chat.damage
-    fit = ids_fit(stored_conversation(chat)[0], session.tok.vocab_size) if same else True
+    same = record.tokenizer_fingerprint == tokenizer_fingerprint(session.tok) and not record.damage
+    fit = ids_fit(stored_conversation(record)[0], session.tok.vocab_size) if same else True
     same = same and fit  # a stored id of 10**9 must never reach the embedding
-    if chat.damage:  # validate.py: its ids are not to be trusted; the text is what is left
-        more = f" and {len(chat.damage) - 1} more" if len(chat.damage) > 1 else ""
-        note = f"damaged row ({chat.damage[0]}{more}); re-tokenized from its text, saved again at the next change"
+    if record.damage:  # validate.py: its ids are not to be trusted; the text is what is left
+        more = f" and {len(record.damage) - 1} more" if len(record.damage) > 1 else ""
+        note = f"damaged row ({record.damage[0]}{more}); re-tokenized from its text, saved again at the next change"
     elif not fit:
         note = f"stored token ids are past this tokenizer's {session.tok.vocab_size}; re-tokenized from its text"
     else:
         note = ""
     if whole.is_whole(session):   # a template rendered whole: render it again, the stored reply ids kept
-        msgs = in_context(chat)
+        msgs = in_context(record)
         exchanges = [Exchange(u.content, -1, -1, -1, a.content, [ToolCall(**c) for c in a.tool_calls])
                      for u, a in msgs]
         pairs_ = [(u.content, a.content, list(a.token_ids) if same and a.token_ids else None) for u, a in msgs]
-        tokens = whole.rendered(session.template, chat.system, pairs_, exchanges)
-        stored = stored_conversation(chat)[0]   # without the last reply's closing: no span holds it
+        tokens = whole.rendered(session.template, record.system, pairs_, exchanges)
+        stored = stored_conversation(record)[0]   # without the last reply's closing: no span holds it
         kept = same and tokens[:len(stored)] == stored
         return tokens, exchanges, "" if kept else (note or "stored tokens do not follow this model's chat template; "
                                                    "re-rendered")
     if same:
-        tokens, exchanges = stored_conversation(chat)
-        if fits_template(session, chat, tokens, exchanges):
+        tokens, exchanges = stored_conversation(record)
+        if fits_template(session, record, tokens, exchanges):
             return tokens, exchanges, ""
         note = "stored tokens do not follow this model's chat template; re-tokenized"
     elif not note:
-        note = f"made with {chat.model}, another tokenizer; re-tokenized from its text"
-    tokens, exchanges = rendered_conversation(session, chat)
+        note = f"made with {record.model}, another tokenizer; re-tokenized from its text"
+    tokens, exchanges = rendered_conversation(session, record)
     return tokens, exchanges, note
 
 
-def apply_settings(session: Session, chat: ChatData) -> None:
+def apply_settings(session: Session, record: ChatRecord) -> None:
     known = {f.name for f in dataclasses.fields(Settings)}
-    values = {k: v for k, v in chat.settings.items() if k in known}
+    values = {k: v for k, v in record.settings.items() if k in known}
     # A default system prompt stays the model's (None), so /model gives the next model its own.
-    default = values.get("system", "") is None and chat.system == session.template.default_system
-    session.settings = Settings(**{**values, "system": None if default else chat.system})
+    default = values.get("system", "") is None and record.system == session.template.default_system
+    session.settings = Settings(**{**values, "system": None if default else record.system})
 
 
-def restore(session: Session, chat: ChatData, identity: ModelIdentity, folder: Path | None) -> Restored:
-    """Make `session` continue `chat`. StoreError (the session unchanged) if it cannot fit."""
-    tokens, exchanges, note = conversation(session, chat)
-    target = len(tokens) if note else min(max(chat.cache_pos, 0), len(tokens))
+def restore(session: Session, record: ChatRecord, identity: ModelIdentity, folder: Path | None) -> Restored:
+    """Make `session` continue `record`. StoreError (the session unchanged) if it cannot fit."""
+    tokens, exchanges, note = conversation(session, record)
+    target = len(tokens) if note else min(max(record.cache_pos, 0), len(tokens))
     # What was cached must fit; a pending tail past the end is fine, as in a live session (the
     # next turn trims).
     if target > session.cache.capacity:
-        raise StoreError(f"chat {chat.id} holds {target} tokens, more than this cache's {session.cache.capacity} "
+        raise StoreError(f"chat {record.id} holds {target} tokens, more than this cache's {session.cache.capacity} "
                          f"({session.room_hint()})")
-    apply_settings(session, chat)
-    session.adopt(tokens, exchanges, archived(chat))
-    give_stops(session, chat)
+    apply_settings(session, record)
+    session.adopt(tokens, exchanges, archived(record))
+    give_stops(session, record)
     n, why = 0, note
     if folder is not None and not note:
         n, why = from_snapshot(session, tokens, identity, folder, target)
     if n < target:
         session.gen.prefill(tokens[n:target])
-    if lone := orphans(chat.messages):
+    if lone := orphans(record.messages):
         why = "; ".join(filter(None, [why, f"{lone} message(s) without their other half, kept beside an empty one"]))
-    return Restored(chat.id, chat.title, n, target - n, len(tokens) - target, 2 * len(pairs(chat.messages)),
+    return Restored(record.id, record.title, n, target - n, len(tokens) - target, 2 * len(pairs(record.messages)),
                     session.cache.pos, session.cache.capacity, why)
 
 
-def give_stops(session: Session, chat: ChatData) -> None:
+def give_stops(session: Session, record: ChatRecord) -> None:
     """Each restored reply gets its stored stop reason, so its label ("cut at max_new_tokens")
-    comes back. The archive's pairs come first in the store, as in `session.trimmed + exchanges`."""
-    both = pairs(chat.messages)
-    ordered = [a for u, a in both if not u.token_ids and not a.token_ids] + [a for _u, a in in_context(chat)]
+    comes back. The trimmed pairs come first in the store, as in `session.trimmed + exchanges`."""
+    both = pairs(record.messages)
+    ordered = [a for u, a in both if not u.token_ids and not a.token_ids] + [a for _u, a in in_context(record)]
     for ex, reply in zip(session.trimmed + session.exchanges, ordered, strict=False):
         ex.stop = reply.stop
 

@@ -12,19 +12,16 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from chatapp.chat.events import Info
-from chatapp.store.database import StoreError
-
-if TYPE_CHECKING:  # keeper.py does not import this module; the faces do
-    from chatapp.store.keeper import ChatKeeper
+from chatapp.keeper.base import Keeper
+from chatapp.store.records import StoreError
 
 ATTEMPTS = 3
 PAUSE_S = 0.5
 
 
-def final_save(keeper: ChatKeeper, attempts: int = ATTEMPTS, pause_s: float = PAUSE_S) -> str | None:
+def final_save(keeper: Keeper, attempts: int = ATTEMPTS, pause_s: float = PAUSE_S) -> str | None:
     """None when everything this window holds is stored (or nothing is stored, as the user
     was told: --no-store, a read-only store); else the one line for the user."""
     store = keeper.store
@@ -41,13 +38,13 @@ def final_save(keeper: ChatKeeper, attempts: int = ATTEMPTS, pause_s: float = PA
     return f"nanochat-tui: {exchanges(keeper)} not saved ({why}, {attempts} tries); {rescue(keeper)}"
 
 
-def exchanges(keeper: ChatKeeper) -> str:
+def exchanges(keeper: Keeper) -> str:
     n = keeper.session.turns
     name = f"chat #{keeper.chat_id}" if keeper.chat_id is not None else "this new chat"
     return f"{name} ({n} exchange{'s' if n != 1 else ''})"
 
 
-def rescue(keeper: ChatKeeper) -> str:
+def rescue(keeper: Keeper) -> str:
     """A Markdown copy where one can be written: what the user keeps when the store said no."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for folder in (keeper.store.root, Path(tempfile.gettempdir())):
@@ -59,7 +56,7 @@ def rescue(keeper: ChatKeeper) -> str:
     return "no copy could be written either (the disk is full?)"
 
 
-def export_to(keeper: ChatKeeper, path: Path) -> Path:
+def export_to(keeper: Keeper, path: Path) -> Path:
     for ev in keeper.export(str(path)):
         if isinstance(ev, Info):
             return Path(ev.data["path"])

@@ -5,10 +5,12 @@ network, and nothing heavy, so the TUI's picker can list them at once.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from chatapp.chat.events import Info
 from chatapp.pull.fetch import default_model_dir, is_installed, manifest
 from chatapp.pull.resolve import pullable, pulled_name
 from chatapp.store.tempfiles import write_atomic
@@ -106,3 +108,11 @@ def choices(root: Path | None) -> list[ModelChoice]:
             seen.add(spec)
             listed.append(ModelChoice(spec, spec, "used recently"))
     return listed
+
+
+def listing(current: str, root: Path | None) -> Info:
+    """`/model` alone (headless; the TUI opens its picker): what the chat on `current` can switch to."""
+    found = choices(root)
+    lines = [f"{c.spec}  {c.note}" for c in found]
+    return Info(f"model: {current}; /model SPEC switches to: " + "; ".join(lines),
+                {"model": current, "models": [dataclasses.asdict(c) for c in found]})

@@ -12,43 +12,36 @@ them as always (identity, token prefix, checksum), so a link is never trusted bl
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from chatapp.chat.events import Branched
-from chatapp.store.database import StoreError
+from chatapp.store.database import ChatStore
+from chatapp.store.records import ChatRecord, StoreError
 from chatapp.store.snapshots import scan
 from chatapp.store.tempfiles import fsync_path, write_atomic
 from model.errors import UserError
 
-if TYPE_CHECKING:  # the keeper imports this module; only the type comes back
-    from chatapp.store.keeper import ChatKeeper
 
-
-def keep_branch(keeper: ChatKeeper, n: int, text: str) -> Branched:
-    """Store the keeper's chat as it is (before /edit's rewind to message `n`) as a new chat
-    sharing its snapshot. UserError, nothing changed, if it cannot be stored: an edit never
-    loses a continuation the store does not have. No store (or a read-only one): nothing kept."""
-    store = keeper.store
-    if store is None or store.read_only:
-        return Branched(keeper.chat_id, None, "", n, text, 0)
-    data = keeper.chat_data()
-    data.id, data.created, data.title = None, 0.0, branch_title(data.title, keeper.chat_id, n)
+def keep_branch(store: ChatStore, record: ChatRecord, clean_upto: int, n: int, text: str) -> Branched:
+    """Store `record` (the keeper's chat as it is, before /edit's rewind to message `n`) as a new
+    chat sharing the snapshot of `record.id` up to `clean_upto` (how far that snapshot is known to
+    match the cache). UserError, nothing stored, if it cannot be: an edit never loses a
+    continuation the store does not have."""
+    title = branch_title(record.title, record.id, n)
     try:
-        branch = store.save(data)
+        branch = store.save(dataclasses.replace(record, id=None, created=0.0, title=title))
     except StoreError as e:
         raise UserError(f"/edit: nothing changed: the old continuation could not be kept ({e}); "
                         "/export keeps a copy") from None
     shared = 0
-    if keeper.chat_id is not None:
+    if record.id is not None:
         try:  # a branch without its snapshot is still whole: reopening it re-prefills
-            # clean_upto: how far the chat's snapshot is known to match its cache
-            shared = share_snapshot(store.snapshot_dir(keeper.chat_id), store.snapshot_dir(branch),
-                                    keeper.clean_upto)
+            shared = share_snapshot(store.snapshot_dir(record.id), store.snapshot_dir(branch), clean_upto)
         except OSError:
             pass
-    return Branched(keeper.chat_id, branch, data.title, n, text, shared)
+    return Branched(record.id, branch, title, n, text, shared)
 
 
 def branch_title(title: str, chat_id: int | None, message: int) -> str:

@@ -5,10 +5,10 @@ through the new model's chat template and tokenizer (reopen.py's `rendered_conve
 same path as reopening a chat made by another tokenizer), trimmed oldest first if the new context
 is smaller, and re-prefilled a chunk at a time with `Prefilling` events. The new model is loaded
 and filled before anything is swapped: a model that fails to load, or a conversation it cannot
-take, leaves the old model and the chat exactly as they were. On success the keeper takes the new
-session, the stored chat keeps its id and is saved again at once under the new model's name and
-identity, so its next KV snapshot is the new model's (the old segments fail the identity check
-and are removed by the next sync).
+take, leaves the old model and the chat exactly as they were. `switch` returns a `Switched`; the
+keeper takes its session (`ChatKeeper.adopt`), the stored chat keeps its id and is saved again at
+once under the new model's name and identity, so its next KV snapshot is the new model's (the old
+segments fail the identity check and are removed by the next sync).
 """
 
 from __future__ import annotations
@@ -17,26 +17,23 @@ import ctypes
 import dataclasses
 import gc
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from collections.abc import Generator as Yields
+from dataclasses import dataclass
 
 import torch
 
-from chatapp.chat.events import Event, Info, ModelSwitched
+from chatapp.chat.events import Event, Info
 from chatapp.chat.session import Session
 from chatapp.chat.trim import reprefill
+from chatapp.keeper.models import DEFAULT
+from chatapp.keeper.reopen import archived, rendered_conversation, stored_messages
 from chatapp.pull.fetch import DEFAULT as DEFAULT_MODEL
 from chatapp.pull.fetch import ensure_default_model
 from chatapp.pull.resolve import resolve
-from chatapp.store.database import ChatData
-from chatapp.store.identity import Fingerprint
-from chatapp.store.models import DEFAULT, choices, remember
-from chatapp.store.reopen import archived, rendered_conversation, stored_messages
+from chatapp.store.records import ChatRecord
 from model.errors import UserError
 from model.loading import LoadedModel, LoadOptions, load_model
-
-if TYPE_CHECKING:  # keeper.py imports this module
-    from chatapp.store.keeper import ChatKeeper
 
 Loader = Callable[[str], LoadedModel]
 
@@ -52,9 +49,9 @@ def one_line(e: BaseException) -> str:
     return text if isinstance(e, UserError) else f"{type(e).__name__}: {text}"
 
 
-def conversation_text(s: Session, system: str) -> ChatData:
+def conversation_text(s: Session, system: str) -> ChatRecord:
     """The chat as text for `rendered_conversation` / `archived`: what the store would hold."""
-    return ChatData("", s.lm.name, "", "", {}, system, [], 0, stored_messages(s))
+    return ChatRecord("", s.lm.name, "", "", {}, system, [], 0, stored_messages(s))
 
 
 def carried(old: Session, lm: LoadedModel, spec: str | None = None) -> tuple[Session, int]:
@@ -85,43 +82,45 @@ def release_memory(device: torch.device) -> None:
         pass
 
 
-def list_models(keeper: ChatKeeper) -> Iterator[Event]:
-    """`/model` alone (headless; the TUI opens its picker): what it can switch to."""
-    found = choices(keeper.store.root if keeper.store else None)
-    lines = [f"{c.spec}  {c.note}" for c in found]
-    yield Info(f"model: {keeper.session.lm.name}; /model SPEC switches to: " + "; ".join(lines),
-               {"model": keeper.session.lm.name, "models": [dataclasses.asdict(c) for c in found]})
+@dataclass
+class Switched:
+    """What `switch` made, for the keeper to take (`ChatKeeper.adopt`): the new session with the
+    chat carried and prefilled, the spec the chat records, and the figures `ModelSwitched` reports."""
+    session: Session
+    named: str
+    previous: str
+    dropped: int
+    load_s: float
+    prefill_s: float
 
 
-def load(keeper: ChatKeeper, spec: str) -> tuple[LoadedModel, str]:
+def load(spec: str, loader: Loader, current: str) -> tuple[LoadedModel, str]:
     """The new model and the spec the chat records (chatapp/pull/resolve.py), or UserError in one
-    line. A pullable model is pulled first if need be (quietly: a progress bar on stderr would
-    tear the TUI's screen)."""
+    line naming the `current` model the chat stays on. A pullable model is pulled first if need
+    be (quietly: a progress bar on stderr would tear the TUI's screen)."""
     try:
         if spec == DEFAULT:
             path, named = str(ensure_default_model(progress=lambda _p: None)), DEFAULT_MODEL
         else:
             r = resolve(spec, progress=lambda _p: None)
             path, named = r.path, r.spec
-        return (keeper.loader or same_options(keeper.session.lm))(path), named
+        return loader(path), named
     except Exception as e:  # whatever the loader raises, the chat stays on the old model
-        raise UserError(f"/model: could not load {spec} ({one_line(e)}); still on {keeper.session.lm.name}") \
-            from None
+        raise UserError(f"/model: could not load {spec} ({one_line(e)}); still on {current}") from None
 
 
-def switch(keeper: ChatKeeper, spec: str) -> Iterator[Event]:
-    """The `/model` handler: load, carry, prefill, and only then swap and store."""
-    if not spec:
-        yield from list_models(keeper)
-        return
-    previous = keeper.session.lm.name
+def switch(old: Session, spec: str, loader: Loader) -> Yields[Event, None, Switched]:
+    """Load `spec`, carry `old`'s chat over and prefill it; `old` is never touched. Yields the
+    progress events and returns the result; UserError (the new model's memory given back) if the
+    model does not load or cannot take the chat."""
+    previous = old.lm.name
     yield Info(f"loading {spec}…", {"loading": spec})
     t0 = time.perf_counter()
-    lm, named = load(keeper, spec)
+    lm, named = load(spec, loader, previous)
     t1 = time.perf_counter()
     new, failure = None, ""
     try:
-        new, dropped = carried(keeper.session, lm, named)
+        new, dropped = carried(old, lm, named)
         yield from reprefill(new.gen, new.tokens[new.cache.pos:], "model", new.lm.name)
     except Exception as e:  # too long a system prompt, out of memory: the old chat is untouched
         failure = f"/model: {spec} cannot take this chat ({one_line(e)}); still on {previous}"
@@ -130,26 +129,4 @@ def switch(keeper: ChatKeeper, spec: str) -> Iterator[Event]:
         del lm, new
         release_memory(device)
         raise UserError(failure)
-    t2 = time.perf_counter()
-    device = lm_device(keeper.session.lm)
-    adopt(keeper, new)
-    del lm, new  # the keeper's reference is the one left: the old session can go
-    release_memory(device)
-    if keeper.store is not None and not keeper.store.read_only:
-        remember(keeper.store.root, named)
-    yield from keeper.commit()
-    s = keeper.session
-    yield ModelSwitched(s.lm.name, previous, len(s.exchanges), dropped, s.cache.pos, s.cache.pos,
-                        s.cache.capacity, t1 - t0, t2 - t1, s.system)
-    yield from keeper.write_snapshot()
-
-
-def adopt(keeper: ChatKeeper, new: Session) -> None:
-    """The keeper continues on `new`: same chat id and title, the new model's identity. The saved
-    signature is dropped so the next commit stores the new model's name, identity and tokens even
-    when the token ids came out the same; the snapshot starts again from position 0."""
-    keeper.session = new
-    keeper.fingerprint = Fingerprint(new.lm) if keeper.store else None
-    keeper._tokenizer_fp = None
-    keeper.writer, keeper.saved_sig, keeper.clean_upto = None, None, 0
-    keeper.restored = None  # its line described the old model's cache
+    return Switched(new, named, previous, dropped, t1 - t0, time.perf_counter() - t1)

@@ -1,0 +1,1 @@
+"""The controller the faces talk to: commit order, /edit branches, model switches, reopening."""

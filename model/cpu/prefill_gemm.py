@@ -1,0 +1,115 @@
+"""The prefill's int8 GEMM (qgemm.c): Y = X W^T for a block-format weight and many tokens.
+
+A QLinear given more than one token calls `matmul`; None means "not here" (no VNNI build, a
+dense or unsupported weight, NANOCHAT_QGEMM=0) and the caller runs PyTorch's fp32 GEMM on the
+dequantized matrix. Activations are rounded to int16 per 32 values, exactly as the decode step
+rounds them, and split into two bytes for VNNI's u8 x s8 products; int8 (llama.cpp's choice,
+~1.6x faster in the kernel) moved the default model's answer to "What is the capital of
+France?" off Paris, so it is opt-in (docs/cpu-prefill.md has both errors). The GEMM runs on its
+own pool of threads (dynamic row blocks, waits that sleep), sized by torch's thread count.
+
+NANOCHAT_QGEMM: unset: on where the kernels have AVX-512 VNNI; 1: on for any build (the
+portable C path, for tests); int8: on, with int8 activations; 0: off (the exact fp32 prefill).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import weakref
+
+import torch
+
+from model.cpu import native
+
+_LOCK = threading.Lock()
+_CTX: dict[tuple[int, int], tuple[int, int]] = {}   # (library, threads) -> (context pointer, k_max)
+_LAST: list = [None, -1, 0]            # the last input (a weak reference), its version, the context
+
+
+def lib() -> ctypes.CDLL | None:
+    return bind(native.library())
+
+
+def bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
+    """lib with the GEMM's signatures set (any build of qdecode.c: the default, portable, clang)."""
+    if lib is None or not hasattr(lib, "qg_gemm"):
+        return None
+    if lib.qg_gemm.argtypes is None:
+        lib.qg_new.restype = ctypes.c_void_p
+        lib.qg_new.argtypes = [ctypes.c_int, ctypes.c_int]
+        lib.qg_free.argtypes = [ctypes.c_void_p]
+        lib.qg_supports.argtypes = [ctypes.POINTER(native.QW)]
+        lib.qg_gemm.argtypes = [ctypes.c_void_p, ctypes.POINTER(native.QW), ctypes.c_void_p, ctypes.c_int,
+                                ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        lib.qg_simd.restype = ctypes.c_int
+    return lib
+
+
+def enabled() -> bool:
+    mode = os.environ.get("NANOCHAT_QGEMM", "")
+    if mode == "0" or (lib_ := lib()) is None:
+        return False
+    return mode in ("1", "int8") or lib_.qg_simd() == 2
+
+
+def activation_bits() -> int:
+    return 8 if os.environ.get("NANOCHAT_QGEMM", "") == "int8" else 16
+
+
+def note(lib_: ctypes.CDLL | None = None) -> str | None:
+    """One line when SIMD kernels run but the prefill cannot use the GEMM (AVX2 without AVX-512
+    VNNI), else None (the portable build has its own note, native.portable_note)."""
+    lib_ = bind(lib_ or native.library())
+    if lib_ is None or os.environ.get("NANOCHAT_QGEMM", "") or not lib_.qd_simd() or lib_.qg_simd() == 2:
+        return None
+    return ("nanochat-tui: note: this CPU has no AVX-512 VNNI; long prompts prefill through PyTorch's fp32 GEMM "
+            "(slower)")
+
+
+def _context(lib_: ctypes.CDLL, threads: int, cols: int) -> int:
+    key = (id(lib_), threads)
+    ctx, k_max = _CTX.get(key, (0, 0))
+    if cols > k_max:
+        if ctx:
+            lib_.qg_free(ctx)
+        k_max = max(4096, 1 << (cols - 1).bit_length())
+        ctx = lib_.qg_new(threads, k_max) or 0
+        _CTX[key] = (ctx, k_max)
+    return ctx
+
+
+def _version(x: torch.Tensor) -> int:
+    """x's version counter (in-place writes bump it); inference tensors have none, and are
+    never written in place by the forward: 0."""
+    return 0 if x.is_inference() else x._version
+
+
+def matmul(qw: native.QW, x: torch.Tensor) -> torch.Tensor | None:
+    """x (..., cols) fp32 through the weight `qw` on torch's thread count; None where the GEMM
+    does not serve it (the caller runs the fp32 GEMM)."""
+    if not enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
+        return None
+    return gemm(lib(), qw, x, torch.get_num_threads(), activation_bits())
+
+
+def gemm(lib_: ctypes.CDLL, qw: native.QW, x: torch.Tensor, threads: int, bits: int = 16) -> torch.Tensor | None:
+    """x (..., cols) fp32 through `qw` with the library `lib_` (bound by `bind`) on `threads`,
+    the activations rounded to `bits` (16 or 8)."""
+    if not lib_.qg_supports(ctypes.byref(qw)):
+        return None
+    xc = x.reshape(-1, qw.cols).contiguous()
+    t = xc.shape[0]
+    y = torch.empty(t, qw.rows)
+    with _LOCK:
+        ctx = _context(lib_, threads, qw.cols)
+        if not ctx:
+            return None
+        # q, k and v (and gate and up) read the same input: quantize it once
+        ref, version, last_ctx = _LAST
+        fresh = int(ref is None or ref() is not x or version != _version(x) or last_ctx != ctx)
+        if lib_.qg_gemm(ctx, ctypes.byref(qw), xc.data_ptr(), t, y.data_ptr(), fresh, bits) != 0:
+            return None
+        _LAST[:] = [weakref.ref(x), _version(x), ctx]
+    return y.reshape(*x.shape[:-1], qw.rows)

@@ -1,0 +1,523 @@
+/* The prefill's GEMM: Y (T x rows) = X (T x K) W^T over a weight in its block format, with
+ * int8 activations, integer dot products and one fp32 scale step per block of 16 or 32 values.
+ * #included by qdecode.c after pool.c (it uses QW, the formats of qformats.h and the pool).
+ *
+ * Why: MKL's fp32 GEMM on the dequantized matrix was the prefill's ceiling (~815 tok/s on the
+ * default model here). AVX-512 VNNI's vpdpbusd does 64 u8 x s8 multiply-adds an instruction
+ * where an fp32 FMA does 16 (docs/cpu-prefill.md).
+ *
+ * Data, per call:
+ *   activations  per token and 32 values: d = amax / 127, qa = round(x / d) in [-127, 127], stored
+ *                biased (qa + 128, u8) in groups of 16 tokens: [group][k / 4][16 tokens][4 values],
+ *                so one 64-byte load is 4 values of 16 tokens (one int32 lane a token);
+ *                with d [group][k / 32][16] and d * sum(qa) [group][k / SUB][16] for the mins.
+ *   weights      unpacked per block of rows by the thread that computes it, from the file's
+ *                bytes: int8 values row-major, and per SUB values (16 or 32) the scale, the min
+ *                (value = s * q + m) and -128 * sum(q), which cancels the activations' bias in
+ *                the integer sum exactly.
+ * So a row r, token t, SUB-block b contributes (float)(sum (qa+128) q - 128 sum q) * (d * s)
+ * + (d * sum qa) * m: exact integers, then two fp32 roundings per block in a fixed order (any
+ * thread count gives the same bits).
+ *
+ * Work: one pool phase per call, its blocks are rows (all tokens at once: the block's weights
+ * stay in L1 while every token group passes); claimed by compare-and-swap, computed into the
+ * thread's own scratch, published by whoever wins the block (pool.c), so a descheduled thread
+ * delays nobody. Idle threads spin SPIN_US, then sleep.
+ */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(QD_AVX2)
+#define QG_VNNI 1
+#endif
+
+#define QG_TOK 16        /* tokens a group (one zmm of int32 lanes) */
+#define QG_R 4           /* rows the inner kernel holds */
+#define QG_TMAX 512      /* tokens a phase: longer inputs run as several */
+#define QG_MAX_BLOCKS 8192
+
+typedef struct {
+    QW w;
+    float *y;
+    int nb, rb, t, tp, kind, bits;   /* kind 0: idle, 1: GEMM, 2: quantize x; bits: 8 or 16 */
+    const float *x;                  /* kind 2: the input, t x k */
+    int k, sub;
+    uint64_t call;
+} GPhase;
+
+typedef struct {
+    int8_t *q; float *sw, *mn; int32_t *wc;   /* one block's unpacked rows */
+    float *out;                                /* [tp][rows] */
+    uint8_t *gq, *gl; float *gd, *gs;          /* one token group quantized */
+} GScratch;
+
+typedef struct {
+    Pool pool;
+    int nt, k_max, last_sub, last_t;   /* what the input buffers hold */
+    pthread_t *workers;
+    GPhase ph, next;               /* the open phase; the GEMM that follows a quantize phase */
+    uint64_t call;
+    int last_bits;
+    uint8_t *aq, *al; float *ad, *as;   /* the quantized input (al: int16's low bytes), written between
+                                           phases; sized once, since
+                                      a straggler of an old phase may still read it */
+    GScratch *scr;                 /* per thread, sized once likewise */
+} GCtx;
+
+/* ---- weights: one row as int8 values and per-SUB scale, min, bias correction ------------------ */
+static int qg_sub(const QW *w) {
+    if (w->kind >= K_FILE_FIRST) return FILE_FMT[w->kind - K_FILE_FIRST].per16 ? 16 : 32;
+    return w->sub;
+}
+
+/* 1 when the GEMM serves w: block formats whose rows are whole 32-blocks */
+int qg_supports(const QW *w) {
+    if (w->cols % 32 || w->rows < 1) return 0;
+    if (w->kind == K_Q4) return w->sub == 32;
+    if (w->kind == K_Q8) return w->sub == 32 || w->sub == 16;
+    return w->kind >= K_FILE_FIRST && w->kind <= K_Q5_K;
+}
+
+static inline void q32_file(const QW *w, const uint8_t *b, int k, int8_t *q) {
+#ifdef QD_AVX2
+#define V32(K, NAME) case K: _mm256_storeu_si256((__m256i *)q, v32_##NAME(b, k)); return;
+#else
+#define V32(K, NAME) case K: c32_##NAME(b, k, q); return;
+#endif
+    switch (w->kind) {
+        V32(K_Q5_0, q5_0) V32(K_Q6_K, q6_k) V32(K_Q2_K, q2_k) V32(K_Q3_K, q3_k)
+        V32(K_IQ4_NL, iq4_nl) V32(K_IQ4_XS, iq4_xs) V32(K_Q4_K, q4_k) V32(K_Q5_K, q5_k)
+    }
+#undef V32
+}
+
+static inline void prep_file(const QW *w, const uint8_t *b, float *sc, float *mn) {
+    switch (w->kind) {
+        case K_Q5_0: prep_q5_0(b, sc, mn); break;   case K_Q6_K: prep_q6_k(b, sc, mn); break;
+        case K_Q2_K: prep_q2_k(b, sc, mn); break;   case K_Q3_K: prep_q3_k(b, sc, mn); break;
+        case K_IQ4_NL: prep_iq4_nl(b, sc, mn); break; case K_IQ4_XS: prep_iq4_xs(b, sc, mn); break;
+        case K_Q4_K: prep_q4_k(b, sc, mn); break;   case K_Q5_K: prep_q5_k(b, sc, mn); break;
+    }
+}
+
+/* Row r of w into q[cols], and per SUB: sw, mn (value = sw * q + mn) and wc = -128 * sum(q). */
+static void unpack_row(const QW *w, int r, int8_t *q, float *sw, float *mn, int32_t *wc) {
+    const int n = w->cols, sub = qg_sub(w);
+    if (w->kind >= K_FILE_FIRST) {
+        const FileFmt f = FILE_FMT[w->kind - K_FILE_FIRST];
+        const uint8_t *row = file_row(w, r, &f);
+        float sc[16], mf[16] = {0};
+        for (int i = 0; i < n / f.bv; i++) {
+            const uint8_t *b = row + (size_t)i * f.bb;
+            prep_file(w, b, sc, mf);
+            for (int k = 0; k < f.bv / 32; k++) {
+                const int j0 = i * f.bv + 32 * k;
+                q32_file(w, b, k, q + j0);
+                for (int h = 0; h < 32 / sub; h++) {
+                    const int s = j0 / sub + h, si = f.per16 ? 2 * k + h : k;
+                    sw[s] = sc[si];
+                    mn[s] = f.has_min ? -mf[si] : 0.f;
+                }
+            }
+        }
+    } else if (w->kind == K_Q4) {
+        const uint8_t *p = (const uint8_t *)w->q + (size_t)r * n / 2;
+        for (int b = 0; b < n / 32; b++)
+            for (int j = 0; j < 16; j++) {
+                q[32 * b + j] = (int8_t)(p[16 * b + j] & 15);
+                q[32 * b + 16 + j] = (int8_t)(p[16 * b + j] >> 4);
+            }
+    } else {
+        memcpy(q, (const int8_t *)w->q + (size_t)r * n, (size_t)n);
+    }
+    if (w->kind < K_FILE_FIRST) {
+        const size_t sb = (size_t)r * (n / sub);
+        for (int s = 0; s < n / sub; s++) {
+            sw[s] = ld_s(w->scale, w->sdt, sb + s);
+            mn[s] = w->min ? ld_s(w->min, w->sdt, sb + s) : 0.f;
+        }
+    }
+    for (int s = 0; s < n / sub; s++) {
+        int32_t t = 0;
+        for (int j = 0; j < sub; j++) t += q[s * sub + j];
+        wc[s] = -128 * t;
+    }
+}
+
+/* ---- activations --------------------------------------------------------------------------- */
+/* 32 values as int8 with their scale: d = amax / 127, q = round(x / d) (to nearest even). */
+static inline float quant32(const float *p, int8_t *v) {
+#ifdef QD_AVX2
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 x[4], mx = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) { x[k] = _mm256_loadu_ps(p + 8 * k); mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, x[k])); }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    __m256i q[4];
+    for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(x[k], _mm256_set1_ps(id)));
+    /* the packs work within 128-bit lanes: dwords come out as q0[0:4] q1[0:4] q2[0:4] q3[0:4] q0[4:8] ... */
+    __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)v, b);
+    return d;
+#else
+    float amax = 0.f;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(p[j]));
+    const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    for (int j = 0; j < 32; j++) v[j] = (int8_t)lrintf(p[j] * id);
+    return d;
+#endif
+}
+
+/* 32 values as int16 with their scale, exactly as the decode step quantizes them (quantize_act). */
+static inline float quant32_16(const float *p, int16_t *v) {
+    float amax = 0.f;
+#ifdef QD_AVX2
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 x[4], mx = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) { x[k] = _mm256_loadu_ps(p + 8 * k); mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, x[k])); }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float d = amax / 32767.f, id = d > 0.f ? 1.f / d : 0.f;
+    __m256i q[4];
+    for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(x[k], _mm256_set1_ps(id)));
+    _mm256_storeu_si256((__m256i *)v, _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xd8));
+    _mm256_storeu_si256((__m256i *)(v + 16), _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xd8));
+    return d;
+#else
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(p[j]));
+    const float d = amax / 32767.f, id = d > 0.f ? 1.f / d : 0.f;
+    for (int j = 0; j < 32; j++) v[j] = (int16_t)lrintf(p[j] * id);
+    return d;
+#endif
+}
+
+/* Tokens [0, t) of x (t x k, row-major) into the biased layout; tokens up to tp are zero (qa = 0).
+   bits 16: qa = 256 hi + lo, hi (biased) in aq, lo (0..255) in al. */
+static void quantize_tokens(const float *x, int t, int tp, int k, int sub, int bits, uint8_t *aq, uint8_t *al,
+                            float *ad, float *as) {
+    const int kg = k / 4, nb = k / 32, ns = k / sub;
+    for (int tok = 0; tok < tp; tok++) {
+        const int g = tok / QG_TOK, i = tok % QG_TOK;
+        for (int b = 0; b < nb; b++) {
+            int8_t v[32];
+            uint8_t lo[32];
+            int16_t v16[32];
+            float d = 0.f;
+            int sums[2] = {0, 0};
+            if (bits == 16) {
+                if (tok < t) d = quant32_16(x + (size_t)tok * k + 32 * b, v16);
+                else memset(v16, 0, sizeof v16);
+#ifdef QD_AVX2
+                const __m256i a = _mm256_loadu_si256((const __m256i *)v16), c = _mm256_loadu_si256((const __m256i *)(v16 + 16));
+                const __m256i one = _mm256_set1_epi16(1), m8 = _mm256_set1_epi16(0xff);
+                /* the packs work within 128-bit lanes: 0xd8 puts the quarters back in order */
+                _mm256_storeu_si256((__m256i *)v, _mm256_permute4x64_epi64(
+                    _mm256_packs_epi16(_mm256_srai_epi16(a, 8), _mm256_srai_epi16(c, 8)), 0xd8));   /* -128..127 */
+                _mm256_storeu_si256((__m256i *)lo, _mm256_permute4x64_epi64(
+                    _mm256_packus_epi16(_mm256_and_si256(a, m8), _mm256_and_si256(c, m8)), 0xd8));   /* 0..255 */
+                const __m256i s2 = _mm256_hadd_epi32(_mm256_madd_epi16(a, one), _mm256_madd_epi16(c, one));
+                /* s2's int32s: a's pair sums 0-1, c's 0-1, a's 2-3, c's 2-3 (per 128-bit lane) */
+                int32_t ps[8];
+                _mm256_storeu_si256((__m256i *)ps, s2);
+                sums[0] = ps[0] + ps[1] + ps[4] + ps[5];
+                sums[1] = ps[2] + ps[3] + ps[6] + ps[7];
+#else
+                for (int j = 0; j < 32; j++) {
+                    sums[j / 16] += v16[j];
+                    v[j] = (int8_t)(v16[j] >> 8);      /* arithmetic: -128..127 */
+                    lo[j] = (uint8_t)(v16[j] & 0xff);
+                }
+#endif
+            } else {
+                if (tok < t) d = quant32(x + (size_t)tok * k + 32 * b, v);
+                else memset(v, 0, 32);
+                for (int j = 0; j < 32; j++) sums[j / 16] += v[j];
+            }
+            const size_t at = (((size_t)g * kg + 8 * b) * QG_TOK + i) * 4;
+            for (int j = 0; j < 8; j++) {   /* 4 values a token in each 64-byte row of the group */
+                uint32_t u;
+                memcpy(&u, v + 4 * j, 4);
+                u ^= 0x80808080u;            /* + 128 per byte */
+                memcpy(aq + at + (size_t)j * QG_TOK * 4, &u, 4);
+                if (bits == 16) memcpy(al + at + (size_t)j * QG_TOK * 4, lo + 4 * j, 4);
+            }
+            ad[((size_t)g * nb + b) * QG_TOK + i] = d;
+            if (sub == 32) as[((size_t)g * ns + b) * QG_TOK + i] = d * (float)(sums[0] + sums[1]);
+            else
+                for (int h = 0; h < 2; h++) as[((size_t)g * ns + 2 * b + h) * QG_TOK + i] = d * (float)sums[h];
+        }
+    }
+}
+
+/* ---- the kernels: rows [r0, r0 + R) of the unpacked block x token groups [g0, g0 + N) ---------- */
+typedef struct { const int8_t *q; const float *sw, *mn; const int32_t *wc; int k, sub, has_min; } GRows;
+typedef struct { const uint8_t *aq, *al; const float *ad, *as; int k, bits; } GAct;
+
+#ifdef QG_VNNI
+static inline __attribute__((always_inline)) void kern_vnni(const GRows *w, const GAct *a, int r0, int g0,
+                                                            float *out, int rb, const int N, const int B16) {
+    const int k = w->k, sub = w->sub, ns = k / sub, kg = k / 4, nb = k / 32;
+    __m512 facc[QG_R][3];
+    for (int r = 0; r < QG_R; r++) for (int n = 0; n < N; n++) facc[r][n] = _mm512_setzero_ps();
+    for (int s = 0; s < ns; s++) {
+        __m512i ia[QG_R][3], il[QG_R][3];
+        for (int r = 0; r < QG_R; r++) {
+            const __m512i c = _mm512_set1_epi32(w->wc[(size_t)(r0 + r) * ns + s]);
+            for (int n = 0; n < N; n++) { ia[r][n] = c; il[r][n] = _mm512_setzero_si512(); }
+        }
+        const int kq0 = s * sub / 4;
+        for (int j = 0; j < sub / 4; j++) {
+            __m512i av[3], al[3];
+            for (int n = 0; n < N; n++) {
+                const size_t at = (((size_t)(g0 + n) * kg + kq0 + j) * QG_TOK) * 4;
+                av[n] = _mm512_loadu_si512((const void *)(a->aq + at));
+                if (B16) al[n] = _mm512_loadu_si512((const void *)(a->al + at));
+            }
+            for (int r = 0; r < QG_R; r++) {
+                int32_t wv;
+                memcpy(&wv, w->q + (size_t)(r0 + r) * k + 4 * (kq0 + j), 4);
+                const __m512i wb = _mm512_set1_epi32(wv);
+                for (int n = 0; n < N; n++) {
+                    ia[r][n] = _mm512_dpbusd_epi32(ia[r][n], av[n], wb);
+                    if (B16) il[r][n] = _mm512_dpbusd_epi32(il[r][n], al[n], wb);
+                }
+            }
+        }
+        const int b32 = s * sub / 32;
+        for (int n = 0; n < N; n++) {
+            const __m512 dv = _mm512_loadu_ps(a->ad + ((size_t)(g0 + n) * nb + b32) * QG_TOK);
+            const __m512 sv = _mm512_loadu_ps(a->as + ((size_t)(g0 + n) * ns + s) * QG_TOK);
+            for (int r = 0; r < QG_R; r++) {
+                const size_t wi = (size_t)(r0 + r) * ns + s;
+                const __m512 scale = _mm512_mul_ps(dv, _mm512_set1_ps(w->sw[wi]));
+                const __m512i isum = B16 ? _mm512_add_epi32(_mm512_slli_epi32(ia[r][n], 8), il[r][n]) : ia[r][n];
+                facc[r][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, facc[r][n]);
+                if (w->has_min) facc[r][n] = _mm512_fmadd_ps(sv, _mm512_set1_ps(w->mn[wi]), facc[r][n]);
+            }
+        }
+    }
+    for (int n = 0; n < N; n++)
+        for (int r = 0; r < QG_R; r++) {
+            float v[QG_TOK];
+            _mm512_storeu_ps(v, facc[r][n]);
+            for (int i = 0; i < QG_TOK; i++) out[(size_t)((g0 + n) * QG_TOK + i) * rb + r0 + r] = v[i];
+        }
+}
+#endif
+
+/* Portable C (and any CPU without VNNI): the same sums in the same order. */
+static __attribute__((unused)) void kern_c(const GRows *w, const GAct *a, int r0, int g0, float *out, int rb) {
+    const int k = w->k, sub = w->sub, ns = k / sub, kg = k / 4, nb = k / 32;
+    for (int r = r0; r < r0 + QG_R; r++)
+        for (int i = 0; i < QG_TOK; i++) {
+            float acc = 0.f;
+            for (int s = 0; s < ns; s++) {
+                int32_t isum = w->wc[(size_t)r * ns + s], lsum = 0;
+                for (int j = s * sub; j < (s + 1) * sub; j++) {
+                    const size_t at = (((size_t)g0 * kg + j / 4) * QG_TOK + i) * 4 + j % 4;
+                    isum += (int32_t)a->aq[at] * w->q[(size_t)r * k + j];
+                    if (a->bits == 16) lsum += (int32_t)a->al[at] * w->q[(size_t)r * k + j];
+                }
+                if (a->bits == 16) isum = isum * 256 + lsum;
+                const float d = a->ad[((size_t)g0 * nb + s * sub / 32) * QG_TOK + i];
+                acc = fmaf((float)isum, d * w->sw[(size_t)r * ns + s], acc);
+                if (w->has_min) acc = fmaf(a->as[((size_t)g0 * ns + s) * QG_TOK + i], w->mn[(size_t)r * ns + s], acc);
+            }
+            out[(size_t)(g0 * QG_TOK + i) * rb + r] = acc;
+        }
+}
+
+/* ---- one block: unpack its rows, run every token group ---------------------------------------- */
+#define QG_RB_MAX 64     /* rows a block holds at most */
+
+static int scratch_alloc(GScratch *s, int k) {
+    const size_t need = (size_t)QG_RB_MAX * k;
+    s->q = malloc(need);
+    s->sw = malloc(sizeof(float) * need / 16);
+    s->mn = malloc(sizeof(float) * need / 16);
+    s->wc = malloc(sizeof(int32_t) * need / 16);
+    s->out = malloc(sizeof(float) * QG_TMAX * QG_RB_MAX);
+    s->gq = malloc((size_t)QG_TOK * k);
+    s->gl = malloc((size_t)QG_TOK * k);
+    s->gd = malloc(sizeof(float) * k);
+    s->gs = malloc(sizeof(float) * k);
+    return s->q && s->sw && s->mn && s->wc && s->out && s->gq && s->gl && s->gd && s->gs ? 0 : -1;
+}
+
+/* Token group b of the input into the shared buffers (computed apart, copied by the winner). */
+static void quant_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
+    GScratch *sc = &c->scr[tid];
+    const int k = p->k, nb = k / 32, ns = k / p->sub, t0 = b * QG_TOK;
+    quantize_tokens(p->x + (size_t)t0 * k, p->t - t0 < QG_TOK ? p->t - t0 : QG_TOK, QG_TOK, k, p->sub, p->bits,
+                    sc->gq, sc->gl, sc->gd, sc->gs);
+    if (!pool_take(&c->pool, s, b)) return;
+    memcpy(c->aq + (size_t)b * QG_TOK * k, sc->gq, (size_t)QG_TOK * k);
+    if (p->bits == 16) memcpy(c->al + (size_t)b * QG_TOK * k, sc->gl, (size_t)QG_TOK * k);
+    memcpy(c->ad + (size_t)b * nb * QG_TOK, sc->gd, sizeof(float) * nb * QG_TOK);
+    memcpy(c->as + (size_t)b * ns * QG_TOK, sc->gs, sizeof(float) * ns * QG_TOK);
+    if (pool_published(&c->pool, s, b, p->nb)) {   /* the input is ready: open the GEMM */
+        pool_open_begin(&c->pool, s);
+        c->ph = c->next;
+        pool_open_end(&c->pool, s);
+    }
+}
+
+static void gemm_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
+    if (p->kind == 2) { quant_block(c, p, b, tid, s); return; }
+    const QW *w = &p->w;
+    const int r0 = b * p->rb, rows = (r0 + p->rb <= w->rows ? p->rb : w->rows - r0), rp = (rows + QG_R - 1) / QG_R * QG_R;
+    const int sub = qg_sub(w), ns = w->cols / sub;
+    GScratch *sc = &c->scr[tid];
+    for (int r = 0; r < rp; r++) {
+        if (r < rows) unpack_row(w, r0 + r, sc->q + (size_t)r * w->cols, sc->sw + (size_t)r * ns, sc->mn + (size_t)r * ns,
+                                 sc->wc + (size_t)r * ns);
+        else {
+            memset(sc->q + (size_t)r * w->cols, 0, (size_t)w->cols);
+            for (int j = 0; j < ns; j++) { sc->sw[(size_t)r * ns + j] = 0.f; sc->mn[(size_t)r * ns + j] = 0.f; sc->wc[(size_t)r * ns + j] = 0; }
+        }
+    }
+    int has_min = 0;
+    for (size_t j = 0; j < (size_t)rp * ns && !has_min; j++) has_min = sc->mn[j] != 0.f;
+    GRows wr = {sc->q, sc->sw, sc->mn, sc->wc, w->cols, sub, has_min};
+    GAct a = {c->aq, c->al, c->ad, c->as, w->cols, p->bits};
+    const int ng = p->tp / QG_TOK;
+    for (int r = 0; r < rp; r += QG_R) {
+        if (!pool_unpublished(&c->pool, s, b)) return;   /* a rescued block someone already published */
+#ifdef QG_VNNI
+        int g = 0;
+        if (p->bits == 16) {   /* twice the accumulators: two token groups at a time */
+            for (; g + 2 <= ng; g += 2) kern_vnni(&wr, &a, r, g, sc->out, rp, 2, 1);
+            if (g < ng) kern_vnni(&wr, &a, r, g, sc->out, rp, 1, 1);
+        } else {
+            for (; g + 3 <= ng; g += 3) kern_vnni(&wr, &a, r, g, sc->out, rp, 3, 0);
+            if (ng - g == 2) kern_vnni(&wr, &a, r, g, sc->out, rp, 2, 0);
+            else if (ng - g == 1) kern_vnni(&wr, &a, r, g, sc->out, rp, 1, 0);
+        }
+#else
+        for (int g = 0; g < ng; g++) kern_c(&wr, &a, r, g, sc->out, rp);
+#endif
+    }
+    if (!pool_take(&c->pool, s, b)) return;
+    for (int t = 0; t < p->t; t++) {
+        float *dst = p->y + (size_t)t * w->rows + r0;
+        const float *src = sc->out + (size_t)t * rp;
+        if (w->bias) for (int r = 0; r < rows; r++) dst[r] = src[r] + w->bias[r0 + r];
+        else memcpy(dst, src, sizeof(float) * rows);
+    }
+    if (pool_published(&c->pool, s, b, p->nb)) {
+        pool_open_begin(&c->pool, s);   /* idle: no blocks, so nobody claims the finished call's */
+        c->ph.kind = 0;
+        c->ph.nb = 0;
+        pool_open_end(&c->pool, s);
+    }
+}
+
+static void gemm_work(GCtx *c, int tid, uint64_t until) {
+    Pool *P = &c->pool;
+    GPhase p;
+    for (;;) {
+        uint64_t s = pool_read(P, &c->ph, &p, sizeof p);
+        if (atomic_load_explicit(&P->quit, memory_order_relaxed)) return;
+        if (p.kind == 0 && until && p.call >= until) return;
+        int b;
+        while ((b = pool_claim(P, s, p.nb)) >= 0) gemm_block(c, &p, b, tid, s);
+        if (p.kind != 0 && !pool_spin(P, s, RESCUE_US))
+            for (b = 0; b < p.nb && atomic_load_explicit(&P->seq, memory_order_acquire) == s; b++)
+                if (pool_unpublished(P, s, b)) gemm_block(c, &p, b, tid, s);
+        if (!pool_spin(P, s, SPIN_US)) pool_sleep(P, s);
+    }
+}
+
+typedef struct { GCtx *c; int tid; } GArg;
+
+static void *gemm_worker(void *arg) {
+    GArg g = *(GArg *)arg;
+    free(arg);
+    gemm_work(g.c, g.tid, 0);
+    return NULL;
+}
+
+void qg_free(void *p);
+
+/* A context for weights of up to k_max columns, on n_threads (the caller's included). */
+void *qg_new(int n_threads, int k_max) {
+    GCtx *c = calloc(1, sizeof(GCtx));
+    if (!c) return NULL;
+    c->nt = n_threads > 0 ? n_threads : 1;
+    c->k_max = k_max = (k_max + 31) / 32 * 32;
+    c->scr = calloc((size_t)c->nt, sizeof(GScratch));
+    c->workers = calloc((size_t)c->nt, sizeof(pthread_t));
+    c->aq = malloc((size_t)QG_TMAX * k_max);
+    c->al = malloc((size_t)QG_TMAX * k_max);
+    c->ad = malloc(sizeof(float) * QG_TMAX * (k_max / 16));
+    c->as = malloc(sizeof(float) * QG_TMAX * (k_max / 16));
+    int bad = !c->scr || !c->workers || !c->aq || !c->al || !c->ad || !c->as;
+    for (int t = 0; t < c->nt && !bad; t++) bad = scratch_alloc(&c->scr[t], k_max) != 0;
+    if (bad || pool_init(&c->pool, QG_MAX_BLOCKS) != 0) { c->nt = 1; qg_free(c); return NULL; }
+    for (int t = 1; t < c->nt; t++) {   /* fewer threads if the OS gives fewer: the work is shared out anyway */
+        GArg *a = malloc(sizeof *a);
+        if (a) *a = (GArg){c, t};
+        if (!a || pthread_create(&c->workers[t], NULL, gemm_worker, a) != 0) { free(a); c->nt = t; break; }
+    }
+    return c;
+}
+
+void qg_free(void *p) {
+    GCtx *c = p;
+    if (!c) return;
+    if (c->pool.st) {
+        pool_quit(&c->pool);
+        for (int t = 1; t < c->nt; t++) pthread_join(c->workers[t], NULL);
+        pool_destroy(&c->pool);
+    }
+    for (int t = 0; c->scr && t < c->nt; t++) {
+        GScratch *s = &c->scr[t];
+        free(s->q); free(s->sw); free(s->mn); free(s->wc); free(s->out);
+        free(s->gq); free(s->gl); free(s->gd); free(s->gs);
+    }
+    free(c->aq); free(c->al); free(c->ad); free(c->as); free(c->scr); free(c->workers); free(c);
+}
+
+/* y (t x w->rows) = x (t x w->cols) W^T (+ bias), the activations rounded to `bits` (16: as the
+   decode step rounds them; 8: llama.cpp's choice). `fresh` 0: x is the input of the previous call
+   (same values), already quantized (ignored when t or SUB differ). Returns 0, or -1 (the caller falls back). */
+int qg_gemm(void *p, const QW *w, const float *x, int t, float *y, int fresh, int bits) {
+    GCtx *c = p;
+    if (!c || !qg_supports(w) || t < 1 || w->cols > c->k_max || (bits != 8 && bits != 16)) return -1;
+    const int sub = qg_sub(w);
+    /* rows a block: about 8 blocks a thread, whole kernel tiles, at most QG_RB_MAX */
+    int rb = (w->rows + 8 * c->nt - 1) / (8 * c->nt);
+    rb = (rb + QG_R - 1) / QG_R * QG_R;
+    if (rb > QG_RB_MAX) rb = QG_RB_MAX;
+    if ((w->rows + rb - 1) / rb > QG_MAX_BLOCKS) return -1;
+    if (sub != c->last_sub || t != c->last_t || bits != c->last_bits || t > QG_TMAX) fresh = 1;
+    c->last_sub = sub;
+    c->last_t = t;
+    c->last_bits = bits;
+    for (int t0 = 0; t0 < t; t0 += QG_TMAX) {
+        const int tn = t - t0 < QG_TMAX ? t - t0 : QG_TMAX, tp = (tn + QG_TOK - 1) / QG_TOK * QG_TOK;
+        GPhase ph = {*w, y + (size_t)t0 * w->rows, (w->rows + rb - 1) / rb, rb, tn, tp, 1, bits, NULL, w->cols, sub,
+                     ++c->call};
+        uint64_t s = atomic_load(&c->pool.seq);
+        pool_open_begin(&c->pool, s);
+        if (fresh) {   /* first a phase that quantizes the input, one token group a block */
+            c->next = ph;
+            c->ph = ph;
+            c->ph.kind = 2;
+            c->ph.nb = tp / QG_TOK;
+            c->ph.x = x + (size_t)t0 * w->cols;
+        } else c->ph = ph;
+        pool_open_end(&c->pool, s);
+        gemm_work(c, 0, c->call);
+    }
+    return 0;
+}
+
+int qg_simd(void) {   /* 0: portable C, 2: AVX-512 VNNI */
+#ifdef QG_VNNI
+    return 2;
+#else
+    return 0;
+#endif
+}
