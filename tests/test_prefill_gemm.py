@@ -184,6 +184,7 @@ def test_a_chat_with_retry_and_undo_matches_the_reference_over_the_gemm_prefill(
     prefill of its tokens writes (both round activations to int16 as the decode step does)."""
     from chatapp.chat.session import Session
     from chatapp.chat.settings import Settings
+    from chatapp.keeper.keeper import ChatKeeper
 
     monkeypatch.setenv("NANOCHAT_QGEMM", "1")
     q, ref = both(mixed_gguf)
@@ -192,7 +193,7 @@ def test_a_chat_with_retry_and_undo_matches_the_reference_over_the_gemm_prefill(
     for kind, text in [("send", "hello world"), ("send", "what 1234"), ("cmd", "/retry"), ("cmd", "/undo"),
                        ("send", "world hello")]:
         for sess in (s, r):
-            list(sess.send(text) if kind == "send" else sess.run_command(text))
+            list(sess.send(text) if kind == "send" else ChatKeeper(sess, None).run_command(text))
         assert s.tokens == r.tokens and s.cache.pos == r.cache.pos
         pos = s.cache.pos
         fresh = s.lm.model.new_cache(s.cache.capacity)
