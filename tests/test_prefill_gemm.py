@@ -190,11 +190,10 @@ def test_a_chat_with_retry_and_undo_matches_the_reference_over_the_gemm_prefill(
     q, ref = both(mixed_gguf)
     s = Session(q, Settings(temperature=0.0, max_new_tokens=10), context=200)
     r = Session(ref, Settings(temperature=0.0, max_new_tokens=10), context=200)
-    keepers = [ChatKeeper(s, None), ChatKeeper(r, None)]   # commands go through the one dispatcher
     for kind, text in [("send", "hello world"), ("send", "what 1234"), ("cmd", "/retry"), ("cmd", "/undo"),
                        ("send", "world hello")]:
-        for k in keepers:
-            list(k.send(text) if kind == "send" else k.run_command(text))
+        for sess in (s, r):
+            list(sess.send(text) if kind == "send" else ChatKeeper(sess, None).run_command(text))
         assert s.tokens == r.tokens and s.cache.pos == r.cache.pos
         pos = s.cache.pos
         fresh = s.lm.model.new_cache(s.cache.capacity)
