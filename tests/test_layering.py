@@ -23,14 +23,6 @@ ROOMS = [
     "model.files", "model.limits", "model.paths", "model.errors", "model",
     "kvcache", "assets",
 ]
-# Module cycles known today, each named after what it is: one found passes only inside one of
-# these (it may shrink). Each goes when its fix lands; no new entry without an issue behind it.
-KNOWN_CYCLES: dict[str, set[str]] = {
-    # The session's helpers name `Session` under TYPE_CHECKING for their type hints.
-    "chat session <-> its helpers' type hints": {"chatapp.chat.reply", "chatapp.chat.respond", "chatapp.chat.session",
-                                                 "chatapp.chat.stats", "chatapp.chat.trim", "chatapp.chat.undoable",
-                                                 "chatapp.chat.whole"},
-}
 
 
 def module_name(path: Path) -> str:
@@ -139,15 +131,7 @@ def test_rooms_are_folders_and_top_level_modules():
 
 
 def test_no_import_cycles_between_modules():
-    unknown = [c for c in cycles(graph()) if not any(set(c) <= known for known in KNOWN_CYCLES.values())]
-    assert unknown == []
-
-
-def test_a_known_cycle_allows_only_itself():
-    found = cycles({"chatapp.chat.session": {"chatapp.chat.trim"}, "chatapp.chat.trim": {"chatapp.chat.session"},
-                    "model.cpu.step": {"model.decode.steps"}, "model.decode.steps": {"model.cpu.step"}})
-    assert [c for c in found if not any(set(c) <= k for k in KNOWN_CYCLES.values())] == [
-        ["model.cpu.step", "model.decode.steps"]]
+    assert cycles(graph()) == []
 
 
 def test_no_import_cycles_between_folders():

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from chatapp.chat import whole
 from chatapp.chat.events import Event, Progress, Trimmed, TurnStats
 from chatapp.chat.exchange import Exchange
 from chatapp.chat.kinds import ReplyText, reply_text, thinking_text
 from chatapp.chat.memory import read_memory
+from chatapp.chat.session_like import SessionLike
 from chatapp.chat.tools import ToolRunner
 from model.decode.sampling import SamplingConfig
-
-if TYPE_CHECKING:
-    from chatapp.chat.session import Session
 
 PROGRESS_S = 0.25  # the decode's Progress at most 4 times a second: what the panel needs, no more
 
@@ -29,7 +26,7 @@ PROGRESS_S = 0.25  # the decode's Progress at most 4 times a second: what the pa
 class Meter:
     """Progress events of one reply: every prefill chunk, and rate-limited while decoding."""
 
-    def __init__(self, s: Session) -> None:
+    def __init__(self, s: SessionLike) -> None:
         self.s, self.t0, self.last = s, time.perf_counter(), float("-inf")
 
     def progress(self, phase: str, done: int, total: int, every: float = 0.0) -> Progress | None:
@@ -41,7 +38,7 @@ class Meter:
         return Progress(phase, done, total, now - self.t0, c.pos, c.capacity, c.bytes_used, read_memory(str(c.device)))
 
 
-def prefill(s: Session, meter: Meter) -> Iterator[Progress]:
+def prefill(s: SessionLike, meter: Meter) -> Iterator[Progress]:
     """The pending tokens, in the Generator's own chunks (so the cache is what one call would
     make), a Progress before the first and after each."""
     pending, step = s.tokens[s.cache.pos:], s.gen.prefill_chunk
@@ -51,7 +48,7 @@ def prefill(s: Session, meter: Meter) -> Iterator[Progress]:
         yield meter.progress("prefill", min(i + step, len(pending)), len(pending))
 
 
-def write(s: Session, trim_event: Trimmed | None = None) -> Iterator[Event]:
+def write(s: SessionLike, trim_event: Trimmed | None = None) -> Iterator[Event]:
     """Prefill what is pending and decode. A trim just before (`trim_event`) is part of the wait
     for the first token: its re-prefill counts in the turn's TTFT and prefill tokens."""
     ex = s.exchanges[-1]
@@ -110,7 +107,7 @@ def write(s: Session, trim_event: Trimmed | None = None) -> Iterator[Event]:
     yield st
 
 
-def stats(s: Session, ex: Exchange, prefill_tokens: int, cached_before: int, n: int,
+def stats(s: SessionLike, ex: Exchange, prefill_tokens: int, cached_before: int, n: int,
           times: tuple[float, float, float], stop: str) -> TurnStats:
     t0, t_first, t_end = times
     decode_s = t_end - t_first

@@ -18,18 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from chatapp.chat import whole
 from chatapp.chat.commands import is_text
 from chatapp.chat.events import Error, Event
 from chatapp.chat.exchange import Exchange
+from chatapp.chat.session_like import SessionLike
 from chatapp.chat.undoable import undoable
 from model.chat_formats.whole import Rendered
 from model.errors import UserError
-
-if TYPE_CHECKING:  # the session imports this module, not the other way round
-    from chatapp.chat.session import Session
 
 ROLES = ("system", "user", "assistant")
 
@@ -68,7 +65,7 @@ def parse_messages(messages: Sequence[dict]) -> Conversation:
     return Conversation(system, pairs, rest[-1]["content"])
 
 
-def known_reply(s: Session, i: int, user: str, reply: str) -> Exchange | None:
+def known_reply(s: SessionLike, i: int, user: str, reply: str) -> Exchange | None:
     """The session's exchange i, when it has the same user message and this reply (as generated,
     or its answer without the thinking block, which is what a client shows and sends back)."""
     if i >= len(s.exchanges):
@@ -80,7 +77,7 @@ def known_reply(s: Session, i: int, user: str, reply: str) -> Exchange | None:
     return ex if reply in (ex.reply, s.template.split_thinking(ex.reply)[1]) else None
 
 
-def replayed(s: Session, conv: Conversation) -> tuple[list[int], list[Exchange]]:
+def replayed(s: SessionLike, conv: Conversation) -> tuple[list[int], list[Exchange]]:
     """The token list and exchanges the session would hold after building `conv.pairs` turn by
     turn (the last reply as generated and closed, the earlier ones in their history form)."""
     t = s.template
@@ -103,7 +100,7 @@ def replayed(s: Session, conv: Conversation) -> tuple[list[int], list[Exchange]]
     return tokens, exchanges
 
 
-def adopt_history(s: Session, conv: Conversation) -> None:
+def adopt_history(s: SessionLike, conv: Conversation) -> None:
     """Make the session's history `conv.pairs` under `conv.system`, keeping the cache's K/V for
     the longest prefix the old and new token lists share (the invariant holds on return: the
     cache holds new[:pos], the rest is pending)."""
@@ -118,7 +115,7 @@ def adopt_history(s: Session, conv: Conversation) -> None:
     s.turn_stats = [st for st in s.turn_stats if st.turn <= len(exchanges)]
 
 
-def adopt_whole(s: Session, conv: Conversation) -> None:
+def adopt_whole(s: SessionLike, conv: Conversation) -> None:
     """`adopt_history` for a template rendered whole: the pairs rendered as the template closes
     them, the ids kept for the replies the session wrote."""
     pairs, exchanges = [], []
@@ -133,7 +130,7 @@ def adopt_whole(s: Session, conv: Conversation) -> None:
     s.turn_stats = [st for st in s.turn_stats if st.turn <= len(exchanges)]
 
 
-def respond_to(s: Session, messages: list[dict]) -> Iterator[Event]:
+def respond_to(s: SessionLike, messages: list[dict]) -> Iterator[Event]:
     """`Session.respond_to`: the history becomes `messages` (refused whole, nothing moved, if
     they cannot be), then the last user message is sent as a turn."""
     saved = (list(s.tokens), list(s.exchanges), list(s.trimmed), s.settings.system)

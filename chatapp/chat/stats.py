@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from chatapp.chat.figures import weights_format
+from chatapp.chat.session_like import SessionLike
 from model.chat_formats.completion import MODE as COMPLETION_MODE
 
-if TYPE_CHECKING:  # the session imports this module, not the other way round
-    from chatapp.chat.session import Session
 
-
-def session_stats(s: Session) -> dict:
+def session_stats(s: SessionLike) -> dict:
     c = s.cache
     d = {"model": s.lm.name, "cache_seqlens": c.pos, "capacity": c.capacity, "tokens": len(s.tokens),
          "shape": list(c.shape), "dtype": str(c.dtype).removeprefix("torch."),

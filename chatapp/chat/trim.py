@@ -19,15 +19,13 @@ import time
 from collections.abc import Generator as Yields
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from chatapp.chat.events import Event, Prefilling, Trimmed
+from chatapp.chat.session_like import SessionLike
 from model.decode.generate import Generator
-
-if TYPE_CHECKING:  # the session imports this module, not the other way round
-    from chatapp.chat.session import Session
 
 REPLY_BUDGET = 64  # room kept for the reply a trim makes way for (capped by max_new_tokens)
 
@@ -108,7 +106,7 @@ def reprefill(gen: Generator, tokens: list[int], reason: str = "trim", model: st
     return time.perf_counter() - t0
 
 
-def make_room(s: Session, incoming: int) -> Yields[Event, None, Trimmed | None]:
+def make_room(s: SessionLike, incoming: int) -> Yields[Event, None, Trimmed | None]:
     """If the new turn and a reply do not fit, drop the oldest whole exchanges down to the
     low-water mark and re-prefill what is kept (the policy and why: above). The
     system prompt stays. Returns the Trimmed event, whose cost the turn's figures include."""

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from chatapp.chat.events import Error, Event
+from chatapp.chat.session_like import SessionLike
 from model.errors import UserError
 
-if TYPE_CHECKING:  # the session imports this module, not the other way round
-    from chatapp.chat.session import Session
 
-
-def undoable(s: Session, turn: Iterator[Event]) -> Iterator[Event]:
+def undoable(s: SessionLike, turn: Iterator[Event]) -> Iterator[Event]:
     """Run `turn`; on a failure restore the tokens, exchanges and turn figures and report it: the
     user's message and the conversation stay intact. The cache keeps only the K/V still valid
     for the restored tokens, so the invariant holds."""

@@ -14,14 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Generator as Yields
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from chatapp.chat import trim
 from chatapp.chat.events import Event, Trimmed
+from chatapp.chat.exchange import Exchange
+from chatapp.chat.session_like import SessionLike
 from model.chat_formats.whole import Pair, Rendered
-
-if TYPE_CHECKING:  # the session imports this module, not the other way round
-    from chatapp.chat.session import Exchange, Session
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -33,19 +31,19 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def is_whole(s: Session) -> bool:
+def is_whole(s: SessionLike) -> bool:
     return getattr(s.template, "whole", False)
 
 
-def reply_ids(s: Session, ex: Exchange) -> list[int] | None:
+def reply_ids(s: SessionLike, ex: Exchange) -> list[int] | None:
     return s.tokens[ex.reply_start:ex.end] if 0 <= ex.reply_start <= ex.end <= len(s.tokens) else None
 
 
-def pairs_of(s: Session, exchanges: list[Exchange]) -> list[Pair]:
+def pairs_of(s: SessionLike, exchanges: list[Exchange]) -> list[Pair]:
     return [(ex.user, ex.reply, reply_ids(s, ex)) for ex in exchanges]
 
 
-def adopt(s: Session, r: Rendered, exchanges: list[Exchange]) -> None:
+def adopt(s: SessionLike, r: Rendered, exchanges: list[Exchange]) -> None:
     """Make `r` the token list, keeping the cache for the prefix it shares with the old one,
     and give `exchanges` (those r was rendered from) their spans in it."""
     keep = common_prefix(s.tokens[:s.cache.pos], r.tokens)
@@ -70,20 +68,20 @@ def rendered(template, system: str, pairs: list[Pair], exchanges: list[Exchange]
     return r.tokens
 
 
-def sync(s: Session, user: str | None) -> None:
+def sync(s: SessionLike, user: str | None) -> None:
     """The token list for the exchanges in the context and, with `user`, the next message up to
     where the model answers it."""
     exchanges = list(s.exchanges)
     adopt(s, s.template.render(s.system, pairs_of(s, exchanges), user), exchanges)
 
 
-def close(s: Session, ex: Exchange, generated: list[int]) -> None:
+def close(s: SessionLike, ex: Exchange, generated: list[int]) -> None:
     """The reply just written (`generated`) closed as the template closes replies."""
     ex.reply_start, ex.end = len(s.tokens) - len(generated), len(s.tokens)
     sync(s, None)
 
 
-def make_room(s: Session, user: str) -> Yields[Event, None, Trimmed | None]:
+def make_room(s: SessionLike, user: str) -> Yields[Event, None, Trimmed | None]:
     """When the next message and a reply do not fit, drop the oldest exchanges (to the low-water
     mark, as chat/trim.py does for every format) and re-prefill what is kept."""
     budget = min(s.settings.max_new_tokens, trim.REPLY_BUDGET)
