@@ -1,0 +1,19 @@
+"""The message-path tracer (chatapp/bench/message_path.py) sees the files a turn really runs."""
+
+import io
+import json
+
+
+def test_the_tracer_lists_the_files_a_headless_turn_runs(tmp_path, monkeypatch):
+    from chatapp.bench.message_path import main
+
+    monkeypatch.setenv("NANOCHAT_TUI_HOME", str(tmp_path))
+    out = io.StringIO()
+    assert main(["--model", "random:tiny"], out=out) == 0
+    result = json.loads(out.getvalue().splitlines()[-1])
+    files = set(result["calls"])
+    # the invariant's home, the turn, the generator, the attention and the face are all on it
+    assert {"chatapp/chat/session.py", "chatapp/chat/reply.py", "model/decode/generate.py",
+            "kvcache/attention.py", "chatapp/headless.py"} <= files
+    assert "chatapp/bench/message_path.py" not in files and not any(f.startswith("tests/") for f in files)
+    assert result["files"] == len(files) == sum(result["by_folder"].values())
