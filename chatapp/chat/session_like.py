@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from chatapp.chat.events import CacheState, Event, TurnStats
-from chatapp.chat.exchange import Exchange
-from chatapp.chat.settings import Settings
-from kvcache import KVCache
-from model.decode.generate import Generator
-from model.loading import LoadedModel
+if TYPE_CHECKING:  # type hints only: the --backend path (chat/undoable.py) must not load torch
+    from chatapp.chat.events import CacheState, Event, TurnStats
+    from chatapp.chat.exchange import Exchange
+    from chatapp.chat.settings import Settings
+    from kvcache import KVCache
+    from model.decode.generate import Generator
+    from model.loading import LoadedModel
 
 
 class SessionLike(Protocol):
