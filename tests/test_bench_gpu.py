@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from chatapp.bench.args import parse
 from chatapp.bench.gpu import compare, print_gpu_peer
 from chatapp.bench.llamacpp import run_peer
-from chatapp.bench.main import parse
 from model.errors import UserError
 
 DATA = Path(__file__).parent / "data" / "llama_bench"
