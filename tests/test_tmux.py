@@ -65,8 +65,17 @@ def test_ctrl_y_puts_the_reply_in_the_terminals_clipboard(tui, tmp_path):
     tui.type("hello there")
     tui.press("Enter")
     tui.wait_for(r"speed\s+[\d.]+ tok/s")
-    tui.press("C-y")
-    tui.wait_for(r"Copied reply 1 of 1 \(\d+ characters\)")
+    # The figures line lands just before the turn's worker ends (it still reads the session's
+    # figures); a Ctrl+Y in between is refused with "still writing", as a user would see: retry.
+    for _ in range(30):
+        tui.press("C-y")
+        try:
+            tui.wait_for(r"Copied reply 1 of 1 \(\d+ characters\)", timeout=2)
+            break
+        except AssertionError:
+            continue
+    else:
+        raise AssertionError(f"Ctrl+Y never copied the reply:\n{tui.capture()}")
     tui.type(f"/export {tmp_path / 'chat.md'}")  # the reply as the app holds it, to compare with
     tui.press("Enter")
     tui.wait_for(r"exported 1 exchanges")
