@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chatapp.chat.commands import is_text
 from chatapp.chat.events import Event, Info
 from model.errors import UserError
 from model.files import kind
@@ -93,6 +94,13 @@ class Attachments:
         if not self.files:
             return Info("no files attached (/file PATH attaches one to the next message)", self.data())
         return Info(f"attached to the next message: {self.summary}; /file --clear drops them", self.data())
+
+
+def paste_command(att: Attachments, text: str, budget: Budget) -> Event:
+    """A paste too large for the input box, attached like a file (both sessions' `attach_text`)."""
+    if not is_text(text):
+        raise UserError("the pasted text is not valid Unicode (it holds a lone surrogate); nothing was attached")
+    return att.add(Attachment(PASTED, text), budget)
 
 
 def file_command(att: Attachments, arg: str, budget: Budget) -> Iterator[Event]:

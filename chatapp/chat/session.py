@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator
 
 from chatapp.chat import reply, respond, trim, whole
-from chatapp.chat.attach import PASTED, Attachment, Attachments, Budget, file_command
+from chatapp.chat.attach import Attachments, Budget, file_command, paste_command
 from chatapp.chat.clip import pick_reply
 from chatapp.chat.commands import help_text, is_text
 from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, SessionFigures, Trimmed, TurnStats
@@ -265,9 +265,7 @@ class Session:
 
     def attach_text(self, text: str) -> Iterator[Event]:
         """A paste too large for the input box, attached like a file."""
-        if not is_text(text):
-            raise UserError("the pasted text is not valid Unicode (it holds a lone surrogate); nothing was attached")
-        yield self.attached.add(Attachment(PASTED, text), self.budget())
+        yield paste_command(self.attached, text, self.budget())
 
     def budget(self) -> Budget:
         return Budget(lambda body: len(self.turn_tokens(body, first=not self.exchanges)), self.message_room,

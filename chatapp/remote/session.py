@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from chatapp.chat.attach import PASTED, Attachment, Attachments, Budget, file_command
+from chatapp.chat.attach import Attachments, Budget, file_command, paste_command
 from chatapp.chat.clip import pick_reply
 from chatapp.chat.commands import help_text, is_text
 from chatapp.chat.edit import parse_edit
@@ -222,9 +222,7 @@ class RemoteSession:
         yield from file_command(self.attached, arg, self.budget())
 
     def attach_text(self, text: str) -> Iterator[Event]:
-        if not is_text(text):
-            raise UserError("the pasted text is not valid Unicode (it holds a lone surrogate); nothing was attached")
-        yield self.attached.add(Attachment(PASTED, text), self.budget())
+        yield paste_command(self.attached, text, self.budget())
 
     def budget(self) -> Budget:
         room = (self.context or 32768) - (self.last.cache_seqlens if self.last else 0)
