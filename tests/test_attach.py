@@ -59,6 +59,14 @@ def test_each_file_that_cannot_be_attached_gets_one_line(tiny, tmp_path):
     assert not k.session.attached.files and one(k.run_command("/file")).data == {"attached": [], "tokens": 0}
 
 
+def test_a_large_paste_attaches_and_a_lone_surrogate_is_refused_in_one_line(tiny):
+    k = keeper(tiny)
+    assert isinstance(one(k.attach_text("a pasted text " * 10)), Info)
+    err = one(k.attach_text("broken \udc80 paste"))
+    assert isinstance(err, Error) and "not valid Unicode" in err.message and "\n" not in err.message
+    assert len(k.session.attached.files) == 1   # the good paste is still attached, the bad one is not
+
+
 def test_files_go_with_the_next_message_only_and_the_store_keeps_them(tiny, tmp_path):
     (tmp_path / "a.py").write_text("print('```')\r\n")  # a fence inside, Windows newlines
     (tmp_path / "b.md").write_text("\ufeffnotes\n")  # a byte order mark
