@@ -3,8 +3,9 @@
 `convert_gguf` keeps every tensor's quantization: block types are repacked into our block
 formats (model/cpu/blocks.py, exact), dense ones are copied. It renames them to Hugging Face's
 naming by the family's `GGUFLayout` (model/families/declare.py, declared in the family's file,
-which also undoes what llama.cpp's converter changed for that family), undoes llama.cpp's Q/K row permutation (its converter permutes `llama` only), turns a
-`rope_freqs` tensor (Llama 3.x scaling) into config.json's rope_freq_factors, and writes config.json, model.safetensors,
+which also says what llama.cpp's converter changed for it), undoes llama.cpp's Q/K row
+permutation (its converter permutes `llama` only), turns a `rope_freqs` tensor (Llama 3.x
+scaling) into config.json's rope_freq_factors, and writes config.json, model.safetensors,
 tokenizer.json and tokenizer_config.json. `load_gguf` converts into the cache on first use and
 then loads the directory like any other, memory-mapped.
 """
