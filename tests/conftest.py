@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny real models and the real default model, built once per test session."""
+"""Shared fixtures: tiny real models and the real default model, built once per test session; the
+quantized GGUF and model cache several modules use (their helpers: tests/helpers.py)."""
 
 import os
 import subprocess
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import MIXED, write_gguf
 
 from model.loading import load_model
 
@@ -33,6 +35,21 @@ def anyio_backend():
 def tiny():
     """random:tiny in fp32: a real 2-layer Llama with a byte-level tokenizer."""
     return load_model("random:tiny")
+
+
+@pytest.fixture(scope="module")
+def mixed_gguf(tmp_path_factory):
+    """A tiny Llama GGUF holding every supported type, loaded both ways."""
+    d = tmp_path_factory.mktemp("mixed")
+    path = d / "mixed.gguf"
+    write_gguf(path, MIXED, tied=False)
+    return path
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("NANOCHAT_TUI_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
 
 
 @pytest.fixture(autouse=True)

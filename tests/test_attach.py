@@ -8,8 +8,7 @@ import os
 import subprocess
 import sys
 
-from test_thinking import scripted_qwen3
-from test_tool_session import assert_cache_holds_tokens, scripted
+from helpers import assert_invariant, scripted, scripted_qwen3
 
 from chatapp.chat.events import Copied, Error, Info, TurnStats
 from chatapp.chat.session import Session
@@ -82,7 +81,7 @@ def test_files_go_with_the_next_message_only_and_the_store_keeps_them(tiny, tmp_
     turn = [e for e in k.send("review these") if isinstance(e, TurnStats)][0]
     sent = f"````{tmp_path / 'a.py'}\nprint('```')\n````\n\n```{tmp_path / 'b.md'}\nnotes\n```\n\nreview these"
     assert turn.user == sent and k.session.exchanges[0].user == sent
-    assert_cache_holds_tokens(k.session)
+    assert_invariant(k.session)
     assert k.store.get(k.chat_id).messages[0].content == sent
     assert not k.session.attached.files  # sent: the next message goes alone
     assert [e for e in k.send("and?") if isinstance(e, TurnStats)][0].user == "and?"

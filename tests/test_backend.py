@@ -13,6 +13,7 @@ import sys
 import threading
 
 import pytest
+from helpers import running
 
 from chatapp.chat.events import CacheState, Error, TextDelta, TurnStats
 from chatapp.chat.settings import Settings
@@ -22,7 +23,6 @@ from chatapp.remote.keeper import RemoteKeeper
 from chatapp.remote.open import open_remote
 from chatapp.remote.session import RemoteSession
 from model.errors import UserError
-from tests.serve_helpers import running
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import PRE, corpus, train
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models
 
 from model.errors import ModelLoadError
 from model.tokenizers.bpe import (
@@ -23,44 +25,18 @@ from model.tokenizers.bpe import (
     vocab_from_tokenizer_json,
 )
 
-CORPUS = Path(__file__).parent / "data" / "tokenizer_corpus.jsonl"
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-PRE = {
-    "gpt2": lambda: pre_tokenizers.ByteLevel(add_prefix_space=False),
-    "smollm": lambda: pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                               pre_tokenizers.ByteLevel(add_prefix_space=False)]),
-    "llama3": lambda: pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
-}
 
-
-def corpus() -> list[str]:
-    return [json.loads(line)["text"] for line in CORPUS.read_text(encoding="utf-8").splitlines()]
-
-
-def train(pre: str, texts: list[str], vocab_size: int = 1500) -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = PRE[pre]()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts * 3, trainer)
-    return tok
-
-
-def as_text_only(tok: Tokenizer) -> Tokenizer:
+def as_text_only(tok: HFTokenizer) -> HFTokenizer:
     """The reference for user text: same vocabulary, merges and pre-tokenizer, but no added
     tokens, so "<|im_end|>" in the text is just text (as SmolLM2's own tokenizer treats it
     when asked to encode special tokens as text)."""
     model = json.loads(tok.to_str())["model"]
-    plain = Tokenizer(models.BPE(model["vocab"], [tuple(m) for m in model["merges"]]))
+    plain = HFTokenizer(models.BPE(model["vocab"], [tuple(m) for m in model["merges"]]))
     plain.pre_tokenizer = tok.pre_tokenizer
     return plain
 
 
-def save(tok: Tokenizer, tmp: Path) -> Path:
+def save(tok: HFTokenizer, tmp: Path) -> Path:
     path = tmp / "tokenizer.json"
     path.write_text(tok.to_str(), encoding="utf-8")
     return path
@@ -136,7 +112,7 @@ def test_unranked_bytes_are_replaced_visibly_not_dropped(tmp_path):
         d["model"]["vocab"] = {t: i - sum(r < i for r in removed) for t, i in vocab.items()}
         d["added_tokens"] = [a | {"id": a["id"] - sum(r < a["id"] for r in removed)} for a in d["added_tokens"]]
     ours = tokenizer_from_json(edited(path, drop), {})
-    ref = as_text_only(Tokenizer.from_file(str(path)))
+    ref = as_text_only(HFTokenizer.from_file(str(path)))
     assert isinstance(ours, BPETokenizer) and ours.unranked == {0x04, 0x1D}
     text = "a\x04b\x1dc"
     assert ref.encode(text).ids == [ref.token_to_id(c) for c in "abc"]  # the reference loses them silently
@@ -194,7 +170,7 @@ def test_gguf_metadata_gives_the_same_tokenizer_and_json_round_trips(tmp_path):
             "tokenizer.ggml.token_type": [3 if i in v.special.values() else 1 for i in range(len(v.tokens))]}
     from model.tokenizers.bpe import make_tokenizer
     from_gguf = make_tokenizer(vocab_from_gguf(meta, "x.gguf"), None, "<|im_end|>")
-    written = as_text_only(Tokenizer.from_str(json.dumps(tokenizer_json(vocab_from_gguf(meta, "x.gguf"), "smollm"))))
+    written = as_text_only(HFTokenizer.from_str(json.dumps(tokenizer_json(vocab_from_gguf(meta, "x.gguf"), "smollm"))))
     for text in corpus():
         assert from_gguf.encode(text) == ref.encode(text).ids == written.encode(text).ids
     for bad, message in [({"tokenizer.ggml.model": "llama"}, "not supported"),

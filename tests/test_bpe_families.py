@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFWriter
+from helpers import LLAMA3_SPLIT, corpus
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_bpe import LLAMA3_SPLIT, corpus
 from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from model.errors import ModelLoadError

@@ -10,29 +10,19 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from test_bpe import LLAMA3_SPLIT, corpus
+from helpers import LLAMA3_SPLIT, VENDORS, corpus, messages, official, source
 from tokenizers import Regex, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
 from model.chat_formats.jinja_env import render
 from model.chat_formats.recognize import marker, template_for
-from model.chat_formats.templates import ChatML, Llama3, Qwen3, strftime_now
+from model.chat_formats.templates import Llama3, strftime_now
 from model.chat_formats.whole import PLAIN_CHAT, TemplateFormat
 from model.tokenizers.bpe import tokenizer_from_json
 from model.tokenizers.tokenizer import Tokenizer
 
 reference = pytest.importorskip("transformers.utils.chat_template_utils").render_jinja_template
 
-TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
-CHATML = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-LLAMA = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
-# template file: (special tokens, bos, eos, the format it must be recognised as)
-VENDORS = {
-    "Qwen-Qwen2.5-7B-Instruct": (CHATML, None, "<|im_end|>", ChatML),
-    "Qwen-Qwen3-0.6B": (CHATML + ["<think>", "</think>"], None, "<|im_end|>", Qwen3),
-    "meta-llama-Llama-3.2-3B-Instruct": (LLAMA, "<|begin_of_text|>", "<|eot_id|>", Llama3),
-    "HuggingFaceTB-SmolLM2-135M-Instruct": (CHATML, None, "<|im_end|>", ChatML),
-}
 SYSTEM = "You are a terse assistant.  Answer in one line."
 USERS = ["Hi, who are you?", "Name three colours.", "Which is warmest?"]
 REPLIES = ["I am a small model.", "Red, green and blue."]
@@ -40,8 +30,6 @@ THOUGHTS = ["<think>\nThey ask who I am.\n</think>\n\nI am a small model.",
             "<think>\nList three.\n</think>\n\nRed, green and blue."]
 
 
-def source(name: str) -> str:
-    return (TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
 
 
 @cache
@@ -65,17 +53,8 @@ def vendor(request):
     return request.param, source(request.param), *trained(request.param)
 
 
-def messages(system: str | None, users: list[str], replies: list[str]) -> list[dict]:
-    msgs = [] if system is None else [{"role": "system", "content": system}]
-    for u, r in zip(users, replies, strict=False):
-        msgs += [{"role": "user", "content": u}, {"role": "assistant", "content": r}]
-    return msgs + [{"role": "user", "content": users[len(replies)]}]
 
 
-def official(name: str, msgs: list[dict]) -> str:
-    _, bos, eos, _ = VENDORS[name]
-    out, _ = reference([msgs], chat_template=source(name), add_generation_prompt=True, bos_token=bos, eos_token=eos)
-    return out[0]
 
 
 @pytest.mark.parametrize("system", [None, SYSTEM, ""])

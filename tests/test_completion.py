@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from base_gguf import write_named_gguf
-from test_session import assert_invariant
+from helpers import assert_invariant
 from tui_pilot import endless, ready, submit
 
 from chatapp.chat.events import Error, TurnStats

@@ -8,7 +8,7 @@ CRASH_TRIALS / CRASH_SEED make this one longer: `CRASH_TRIALS=44 pytest tests/te
 
 import os
 
-from test_session import assert_invariant
+from helpers import assert_invariant
 
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings

@@ -7,10 +7,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_chat_formats import messages, official
-from test_headless import headless
-from test_session import Poison, assert_invariant, assert_transcript, fail_mid_reply, turn_of
-from test_thinking import scripted_qwen3
+from helpers import (
+    Poison,
+    assert_invariant,
+    assert_transcript,
+    fail_mid_reply,
+    headless,
+    messages,
+    official,
+    scripted_qwen3,
+    turn_of,
+)
 
 from chatapp.chat.events import Branched, CacheState, Error, Progress, TextDelta, Trimmed
 from chatapp.chat.session import Session

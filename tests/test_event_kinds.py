@@ -6,8 +6,7 @@ nanochat's calculator; a reply known only as text (a reopened chat) gets the sam
 from __future__ import annotations
 
 import pytest
-from test_thinking import scripted_qwen3
-from test_tool_session import scripted
+from helpers import running, scripted, scripted_qwen3
 
 from chatapp.chat.events import Ready, TextDelta, ToolCall, TurnStats, to_json
 from chatapp.chat.kinds import Part, answer_text, stored_parts
@@ -15,7 +14,6 @@ from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.remote.client import OpenAIClient
 from chatapp.remote.session import RemoteSession
-from tests.serve_helpers import running
 
 
 @pytest.fixture(scope="module")

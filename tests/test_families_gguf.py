@@ -18,7 +18,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter, quants
-from test_families_hf import VARIANTS, save_variant, tiny_tokenizer
+from helpers import VARIANTS, save_variant, tiny_tokenizer
 
 from model.errors import ModelLoadError
 from model.loading import load_model

@@ -9,11 +9,10 @@ between tokens and a greedy choice is never a near-tie that rounding could flip.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from helpers import LLAMA3_ROPE, VARIANTS, save_variant
 
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
@@ -23,56 +22,12 @@ from model.loading import load_model
 
 transformers = pytest.importorskip("transformers")
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>",
-            "<|end_header_id|>", "<|eot_id|>", "<think>", "</think>"]
-TEMPLATES = Path(__file__).parent / "data" / "chat_templates"   # the vendors' own chat templates
-QWEN25 = (TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
-QWEN3 = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
-LLAMA3 = (TEMPLATES / "meta-llama-Llama-3.2-3B-Instruct.jinja").read_text()
-SHAPE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6)
-# Wavelengths 6.3, 20, 63, 200, ... against an original context of 64: all three llama3 bands.
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64}
-VARIANTS = {   # name: (transformers config class, its extra settings, chat template, EOS)
-    "llama3-untied": ("LlamaConfig", dict(rope_theta=10000.0, rope_scaling=LLAMA3_ROPE, tie_word_embeddings=False),
-                      LLAMA3, "<|eot_id|>"),
-    "qwen2-tied": ("Qwen2Config", dict(rope_theta=1000.0, tie_word_embeddings=True), QWEN25, "<|im_end|>"),
-    "qwen3-untied": ("Qwen3Config", dict(head_dim=32, tie_word_embeddings=False), QWEN3, "<|im_end|>"),
-}
 
 
-def tiny_tokenizer() -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["hello there, how are you? the capital of France is Paris. 12 34"] * 3, trainer)
-    return tok
 
 
-def spread_weights(model: torch.nn.Module, seed: int) -> None:
-    """Wide random weights: norms around 1, everything else (biases included) N(0, 0.3)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            p.copy_(1 + 0.2 * noise if "norm" in name else 0.3 * noise)
 
 
-def save_variant(d: Path, name: str, seed: int = 0) -> torch.nn.Module:
-    cls, extra, template, eos = VARIANTS[name]
-    tok = tiny_tokenizer()
-    cfg = getattr(transformers, cls)(vocab_size=tok.get_vocab_size(), **SHAPE, **extra)
-    model_cls = getattr(transformers, cls.replace("Config", "ForCausalLM"))
-    hf = model_cls(cfg).eval()
-    spread_weights(hf, seed)
-    hf.save_pretrained(d, safe_serialization=True)
-    (d / "tokenizer.json").write_text(tok.to_str(), encoding="utf-8")
-    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "eos_token": eos,
-                                                         "bos_token": "<|begin_of_text|>"}))
-    return hf
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_decode_noise, share_prefill
 
 from chatapp.chat.events import Trimmed
 from chatapp.chat.session import Session
@@ -22,7 +23,6 @@ from model.decode.graph_config import GraphConfig
 from model.decode.sampling import SamplingConfig
 from model.decode.steps import build_step
 from model.loading import LoadOptions, load_model
-from tests.gpu_helpers import assert_decode_noise, share_prefill
 
 FIX = Path(__file__).parent / "fixtures" / "nanochat"
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

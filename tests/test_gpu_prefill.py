@@ -11,12 +11,12 @@ import gc
 
 import pytest
 import torch
+from helpers import assert_decode_noise, share_prefill
 
 from model.decode.generate import Generator
 from model.decode.graph_config import GraphConfig
 from model.decode.sampling import SamplingConfig
 from model.loading import LoadOptions, load_model
-from tests.gpu_helpers import assert_decode_noise, share_prefill
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -6,16 +6,7 @@ import subprocess
 import sys
 
 import pytest
-
-BASE = [sys.executable, "-m", "chatapp.cli", "--headless", "--model", "random:tiny", "--temperature", "0",
-        "--max-new-tokens", "8"]
-
-
-def headless(stdin: bytes, *extra: str, timeout=120):
-    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
-    p = subprocess.run(BASE + list(extra), input=stdin, capture_output=True, timeout=timeout, env=env)
-    lines = p.stdout.decode().splitlines()
-    return p, [json.loads(line) for line in lines]  # every stdout line must be JSON
+from helpers import BASE, headless
 
 
 def test_turns_commands_and_errors_keep_the_conversation():

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from test_bpe import corpus, train
+from helpers import corpus, train
 
 from chatapp.chat.events import TurnStats
 from chatapp.chat.session import Session

@@ -191,20 +191,33 @@ def test_the_store_is_persistence_and_the_keeper_owns_its_state():
                 assert not {n for n in names if n.startswith("chatapp.keeper.keeper")}, name
 
 
-def test_test_modules_are_imported_under_one_name():
-    """`from tests.test_session import` beside `from test_session import` loads the module twice
-    (pytest imports test files by their bare name): each tests/ module goes by one name."""
+def imports_between_tests() -> list[tuple[str, str]]:
+    """(importing tests/ file, module it imports) for every tests/ module another one imports."""
     names = {p.stem for p in (ROOT / "tests").glob("*.py")}
-    spellings: dict[str, set[str]] = {}
+    out = []
     for path in (ROOT / "tests").glob("*.py"):
         for node in imports(ast.parse(path.read_text())):
             mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            for m in mods:
-                stem = m.removeprefix("tests.")
-                if stem in names:
-                    spellings.setdefault(stem, set()).add(m)
+            out += [(path.stem, m) for m in mods if m.removeprefix("tests.") in names]
+    return out
+
+
+def test_test_modules_are_imported_under_one_name():
+    """`from tests.helpers import` beside `from helpers import` loads the module twice (pytest
+    imports test files by their bare name): each tests/ module goes by one name."""
+    spellings: dict[str, set[str]] = {}
+    for _, m in imports_between_tests():
+        spellings.setdefault(m.removeprefix("tests."), set()).add(m)
     assert {k: v for k, v in spellings.items() if len(v) > 1} == {}
-    assert "test_session" in spellings  # the check sees the imports it is about
+    assert spellings["helpers"] == {"helpers"}  # the check sees the imports it is about
+
+
+def test_no_test_module_imports_another():
+    """What two test modules share lives in tests/helpers.py (fixtures in conftest.py), so a test
+    module is never imported for its helpers: no test_*.py module imports another."""
+    found = {(a, m) for a, m in imports_between_tests() if m.removeprefix("tests.").startswith("test_")}
+    assert found == set()
+    assert len({a for a, m in imports_between_tests() if m == "helpers"}) > 20  # the check sees the helpers' users
 
 
 def test_no_python_file_in_chatapp_or_model_over_300_lines():

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 from gemma_tiny import save_tiny
-from test_snapshot import talk
+from helpers import talk
 
 from chatapp.chat.events import Error, ModelSwitched
 from chatapp.chat.session import Session

@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_session import assert_invariant, assert_transcript
-from test_snapshot import reopen, talk
+from helpers import assert_invariant, assert_transcript, reopen, talk
 
 from chatapp.chat.events import Error, ModelSwitched, Prefilling, TurnStats
 from chatapp.chat.session import Session

@@ -6,7 +6,7 @@ import json
 import sqlite3
 
 import pytest
-from test_session import assert_invariant
+from helpers import assert_invariant
 
 from chatapp.chat.events import Error, Restored, TurnStats
 from chatapp.chat.session import Session

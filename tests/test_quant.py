@@ -12,15 +12,14 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf import quants
+from helpers import COLS, ROWS, assert_invariant, bits, both, int16_reference, packed_linear
 from safetensors.torch import load_file, save_file
-from test_gguf import K_BLOCKS, MIXED, random_k_quant, write_gguf
 
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.keeper.keeper import ChatKeeper
 from model.cpu import native
-from model.cpu.blocks import BLOCK_TYPES, dequantize, repack
+from model.cpu.blocks import BLOCK_TYPES, dequantize
 from model.cpu.qlinear import QLinear
 from model.cpu.step import CpuStep
 from model.decode.generate import Generator
@@ -29,7 +28,6 @@ from model.loading import LoadOptions, load_model
 from model.loading.gguf import converted_dir
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"CPU kernels unavailable: {native.why_not()}")
-ROWS, COLS = 24, 512
 
 
 @pytest.fixture(autouse=True)
@@ -47,25 +45,10 @@ def portable() -> ctypes.CDLL:
     return lib
 
 
-def gguf_blocks(kind: str, rng) -> np.ndarray:
-    t = Q[kind]
-    if t in K_BLOCKS:
-        return random_k_quant(ROWS, COLS, t, rng)
-    return quants.quantize(rng.normal(0, 1, (ROWS, COLS)).astype(np.float32), t)
 
 
-def packed_linear(kind: str, seed: int = 0) -> tuple[QLinear, np.ndarray]:
-    raw = gguf_blocks(kind, np.random.default_rng(seed))
-    p = repack(kind, raw, ROWS, COLS)
-    ql = QLinear(p.kind, torch.from_numpy(p.q), torch.from_numpy(p.scale),
-                 None if p.min is None else torch.from_numpy(p.min))
-    return ql, quants.dequantize(raw, Q[kind]).reshape(ROWS, COLS).astype(np.float32)
 
 
-def bits(a) -> np.ndarray:
-    """Bit patterns, with -0.0 read as 0.0: gguf computes Q4_0 as (q - 8) d, which gives -0.0
-    for q = 8 under a negative d, where our q d + (-8 d) gives 0.0: the same number."""
-    return (np.asarray(a, dtype=np.float32) + np.float32(0)).view(np.int32)
 
 
 @pytest.mark.parametrize("kind", BLOCK_TYPES)
@@ -80,13 +63,6 @@ def test_repacked_weights_equal_gguf_dequantization_bit_for_bit(kind, portable):
     assert torch.equal(ql.rows(rows), torch.from_numpy(ref)[rows])   # the embedding lookup
 
 
-def int16_reference(w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """W x with x rounded to int16 per 32 as the kernels do (to +-32639, which splits into two
-    signed bytes), in float64."""
-    xb = x.reshape(-1, 32).astype(np.float32)
-    d = np.abs(xb).max(axis=1, keepdims=True) / np.float32(32639)
-    q = np.rint(xb / np.where(d > 0, d, 1)) * (d > 0)
-    return w.astype(np.float64) @ (q * d).reshape(-1).astype(np.float64)
 
 
 @pytest.mark.parametrize("kind", BLOCK_TYPES + ("F32", "F16", "BF16"))
@@ -110,23 +86,10 @@ def test_gemv_kernels_compute_the_product(kind, portable):
         np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
 
 
-@pytest.fixture(scope="module")
-def mixed_gguf(tmp_path_factory):
-    """A tiny Llama GGUF holding every supported type, loaded both ways."""
-    d = tmp_path_factory.mktemp("mixed")
-    path = d / "mixed.gguf"
-    write_gguf(path, MIXED, tied=False)
-    return path
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("NANOCHAT_TUI_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
 
 
-def both(path):
-    return load_model(str(path), LoadOptions(quantized=True)), load_model(str(path))
 
 
 def test_quantized_model_keeps_the_file_and_an_fp16_cache(mixed_gguf, home):
@@ -202,17 +165,6 @@ def test_threads_agree(mixed_gguf, home):
     torch.testing.assert_close(out[0], out[1], atol=1e-3, rtol=1e-3)
 
 
-def assert_quantized_invariant(s: Session) -> None:
-    """The cache holds tokens[:pos]: what a fresh prefill of them writes, to fp16 and the
-    decode step's int16 activations (the C step wrote most of these positions)."""
-    pos = s.cache.seqlen
-    fresh = s.lm.model.new_cache(s.cache.capacity)
-    with torch.no_grad():
-        s.lm.model(torch.tensor([s.tokens[:pos]]), fresh)
-    for got, want in ((s.cache.k_cache, fresh.k_cache), (s.cache.v_cache, fresh.v_cache)):
-        torch.testing.assert_close(got[:, :, :pos].float(), want[:, :, :pos].float(), atol=2e-2, rtol=2e-2)
-
-
 def test_quantized_session_chats_with_retry_and_undo(mixed_gguf, home):
     q, ref = both(mixed_gguf)
     s = Session(q, Settings(temperature=0.0, max_new_tokens=10), context=200)
@@ -223,7 +175,7 @@ def test_quantized_session_chats_with_retry_and_undo(mixed_gguf, home):
     for kind, text in steps:
         for sess in (s, r):
             list(sess.send(text) if kind == "send" else ChatKeeper(sess, None).run_command(text))
-        assert_quantized_invariant(s)
+        assert_invariant(s, atol=2e-2, rtol=2e-2)   # fp16, int16 activations
         assert s.tokens == r.tokens and s.cache.seqlen == r.cache.seqlen
 
 
@@ -299,22 +251,29 @@ def test_a_quantized_chat_resumes_from_its_snapshot(mixed_gguf, tmp_path, home):
     assert resumed[1]["reply"] == whole[-1]["reply"]
 
 
-def test_without_the_kernels_the_app_runs_dequantized_with_a_note(mixed_gguf, tmp_path, home):
-    """No C compiler (NANOCHAT_NATIVE=0 stands in for one): a one-line note, then the exact fp32
-    path chats as usual."""
+def headless_hello(gguf, tmp_path, native: str) -> tuple[list[str], list[dict]]:
+    """One greedy "hello" through `--headless` in a fresh process with NANOCHAT_NATIVE=`native`:
+    its stderr lines and its `turn` events."""
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "NANOCHAT_NATIVE": "0", "NANOCHAT_TUI_CHATS": str(tmp_path / "chats")}
-    p = subprocess.run([sys.executable, "-m", "chatapp.cli", "--headless", "--model", str(mixed_gguf),
+    env = {**os.environ, "NANOCHAT_NATIVE": native, "NANOCHAT_TUI_CHATS": str(tmp_path / "chats")}
+    p = subprocess.run([sys.executable, "-m", "chatapp.cli", "--headless", "--model", str(gguf),
                         "--temperature", "0", "--max-new-tokens", "4"], input=b"hello\n", capture_output=True,
                        timeout=300, env=env)
     assert p.returncode == 0, p.stderr.decode()[-2000:]
-    note = [line for line in p.stderr.decode().splitlines() if "CPU kernels unavailable" in line]
-    assert note == ["nanochat-tui: note: CPU kernels unavailable (NANOCHAT_NATIVE=0); quantized models run "
-                    "dequantized to fp32 (slower, more memory)"]
-    turns = [e for e in map(json.loads, p.stdout.decode().splitlines()) if e["event"] == "turn"]
+    events = map(json.loads, p.stdout.decode().splitlines())
+    return p.stderr.decode().splitlines(), [e for e in events if e["event"] == "turn"]
+
+
+def test_without_the_kernels_the_app_runs_dequantized_with_a_note(mixed_gguf, tmp_path, home):
+    """No C compiler (NANOCHAT_NATIVE=0 stands in for one): a one-line note, then the exact fp32
+    path chats as usual."""
+    notes, turns = headless_hello(mixed_gguf, tmp_path, "0")
+    assert [n for n in notes if "CPU kernels unavailable" in n] == [
+        "nanochat-tui: note: CPU kernels unavailable (NANOCHAT_NATIVE=0); quantized models run "
+        "dequantized to fp32 (slower, more memory)"]
     assert len(turns) == 1 and turns[0]["cache_seqlens"] > 0
 
 
@@ -369,17 +328,8 @@ def test_portable_and_clang_builds_run_the_same_step(mixed_gguf, home, portable)
 
 
 def test_portable_kernels_say_so_in_one_line(mixed_gguf, tmp_path, home):
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "NANOCHAT_NATIVE": "portable", "NANOCHAT_TUI_CHATS": str(tmp_path / "chats")}
-    p = subprocess.run([sys.executable, "-m", "chatapp.cli", "--headless", "--model", str(mixed_gguf),
-                        "--temperature", "0", "--max-new-tokens", "4"], input=b"hello\n", capture_output=True,
-                       timeout=300, env=env)
-    assert p.returncode == 0, p.stderr.decode()[-2000:]
-    note = [line for line in p.stderr.decode().splitlines() if "without SIMD" in line]
-    assert note == ["nanochat-tui: note: CPU kernels built without SIMD (NANOCHAT_NATIVE=portable); decode runs "
-                    "the portable C path (slower)"]
-    turns = [e for e in map(json.loads, p.stdout.decode().splitlines()) if e["event"] == "turn"]
+    notes, turns = headless_hello(mixed_gguf, tmp_path, "portable")
+    assert [n for n in notes if "without SIMD" in n] == [
+        "nanochat-tui: note: CPU kernels built without SIMD (NANOCHAT_NATIVE=portable); decode runs "
+        "the portable C path (slower)"]
     assert len(turns) == 1 and turns[0]["cache_seqlens"] > 0

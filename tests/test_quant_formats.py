@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGUFReader, quants
 from gguf import GGMLQuantizationType as Q
-from test_quant import bits, int16_reference
+from gguf import GGUFReader, quants
+from helpers import bits, int16_reference, random_blocks
 
 from model.cpu import native
 from model.cpu.file_blocks import FILE_TYPES, as_rows
@@ -24,9 +24,6 @@ from model.cpu.qlinear import QLinear
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"CPU kernels unavailable: {native.why_not()}")
 ROWS, COLS = 7, 512   # an odd row: the AVX2 build takes rows two at a time
 FIXTURE = Path(__file__).parent / "data" / "llama_quantize_rows.gguf"
-# Where each type keeps its fp16 scales (d, and dmin for Q2_K) inside a block.
-SCALES_AT = {"Q5_0": (0,), "IQ4_NL": (0,), "IQ4_XS": (0,), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,),
-             "Q4_K": (0, 2), "Q5_K": (0, 2)}
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +42,6 @@ def avx2_only():
     return lib
 
 
-def random_blocks(kind: str, rows: int, cols: int, rng) -> np.ndarray:
-    """Every bit pattern of values and sub-scales, with finite fp16 scales of either sign."""
-    values, size = GGML_QUANT_SIZES[Q[kind]]
-    raw = rng.integers(0, 256, (rows, cols // values, size), dtype=np.uint8)
-    for at in SCALES_AT[kind]:
-        d = rng.uniform(-2e-3, 2e-3, raw.shape[:2]).astype(np.float16)
-        raw[..., at:at + 2] = d[..., None].view(np.uint8)
-    return raw.reshape(rows, -1)
 
 
 def fixture_tensors() -> list[tuple[str, str, np.ndarray, int]]:
@@ -142,7 +131,7 @@ def test_types_without_a_kernel_run_dequantized_with_a_note(tmp_path, home):
     import subprocess
     import sys
 
-    from test_gguf import write_gguf
+    from helpers import write_gguf
 
     from model.cpu.step import CpuStep
     from model.loading import LoadOptions, load_model

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from test_readonly_store import as_other_user
+from helpers import as_other_user
 
 from model.cpu import native
 

@@ -9,34 +9,20 @@ left as a clean exit leaves it, without its WAL side files: opening it `mode=ro`
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import NOBODY, as_other_user
 
 from chatapp.store.database import ChatStore
 
-NOBODY = 65534
-DROP = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-        "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
 CLI = [sys.executable, "-m", "chatapp.cli", "--headless", "--model", "random:tiny", "--temperature", "0",
        "--max-new-tokens", "12"]
 
 
-def as_other_user() -> list[str]:
-    """The command prefix that runs a program as a user who cannot write the store."""
-    if os.geteuid() != 0:
-        return []  # the chmod in `readonly_store` is enough for a plain user
-    if shutil.which("setpriv") is None:
-        pytest.skip("running as root and setpriv is missing: cannot drop privileges")
-    probe = subprocess.run([*DROP, sys.executable, "-c", "import os, chatapp; print(os.geteuid())"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0 or probe.stdout.strip() != str(NOBODY):
-        pytest.skip(f"cannot run as uid {NOBODY} with setpriv: {probe.stderr.strip()[-300:]}")
-    return DROP
 
 
 def headless(root: Path, home: Path, lines: list[str], *flags: str, prefix=()) -> list[dict]:

@@ -1,7 +1,7 @@
 """Session.respond_to: a whole message list in, the longest cached token prefix reused."""
 
 import pytest
-from test_session import assert_invariant, assert_transcript
+from helpers import assert_invariant, assert_transcript
 
 from chatapp.chat.events import Error, TurnStats
 from chatapp.chat.session import Session

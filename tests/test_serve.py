@@ -9,8 +9,7 @@ import sys
 import httpx
 import openai
 import pytest
-
-from tests.serve_helpers import assistant, running, user
+from helpers import assistant, running, user
 
 
 @pytest.fixture(scope="module")

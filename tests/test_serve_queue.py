@@ -10,8 +10,7 @@ import time
 import httpx
 import openai
 import psutil
-
-from tests.serve_helpers import assistant, running, user
+from helpers import assistant, running, user
 
 N = 16
 

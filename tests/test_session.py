@@ -1,43 +1,12 @@
 """The session: each turn prefills only its new tokens, and the cache invariant always holds."""
 
 import pytest
-import torch
+from helpers import Poison, assert_invariant, assert_transcript, fail_mid_reply, run, turn_of
 
 from chatapp.chat.events import CacheState, Error, TextDelta, Trimmed, TurnStats
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.keeper.keeper import ChatKeeper
-
-
-def run(events):
-    return list(events)
-
-
-def turn_of(events) -> TurnStats:
-    (st,) = [e for e in events if isinstance(e, TurnStats)]
-    return st
-
-
-def assert_invariant(s: Session):
-    """The cache holds exactly tokens[:pos]: compare it with a fresh prefill of those tokens."""
-    pos = s.cache.seqlen
-    assert pos <= len(s.tokens)
-    fresh = s.lm.model.new_cache(s.cache.capacity)
-    if pos:
-        with torch.no_grad():
-            s.lm.model(torch.tensor([s.tokens[:pos]]), fresh)
-    torch.testing.assert_close(s.cache.k_cache[:, :, :pos], fresh.k_cache[:, :, :pos], atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(s.cache.v_cache[:, :, :pos], fresh.v_cache[:, :, :pos], atol=1e-5, rtol=1e-4)
-
-
-def assert_transcript(s: Session):
-    """The token list equals the template rendered over the whole transcript."""
-    t = s.template
-    want = t.start(s.system)
-    for ex in s.exchanges:
-        want += t.user_turn(ex.user) + s.tokens[ex.reply_start:ex.end - len(t.end_reply())] + t.end_reply()
-        assert s.tok.decode(s.tokens[ex.reply_start:ex.end - len(t.end_reply())]) == ex.reply
-    assert s.tokens == want
 
 
 @pytest.fixture
@@ -240,33 +209,8 @@ def test_a_stop_during_a_trims_refill_stops_that_reply(tiny):
     assert turn_of(run(s.send("next"))).stop != "cancel"
 
 
-class Poison:
-    """Turns the real model's final norm to NaN, as a corrupt checkpoint would, and back."""
-
-    def __init__(self, lm):
-        self.w = lm.model.get_parameter("model.norm.weight")
-        self.saved = self.w.detach().clone()
-
-    def __call__(self) -> None:
-        with torch.no_grad():
-            self.w.fill_(float("nan"))
-
-    def heal(self) -> None:
-        with torch.no_grad():
-            self.w.copy_(self.saved)
 
 
-def fail_mid_reply(events, poison: Poison) -> list:
-    """Drain a turn, poisoning the model after the first streamed text: the next sample meets NaN."""
-    out = []
-    try:
-        for ev in events:
-            out.append(ev)
-            if isinstance(ev, TextDelta):
-                poison()
-    finally:
-        poison.heal()
-    return out
 
 
 def test_a_model_failure_mid_reply_puts_the_chat_back(tiny):

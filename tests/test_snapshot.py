@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_invariant, assert_transcript, new_keeper, reopen, talk
 from safetensors.torch import load_file
-from test_session import assert_invariant, assert_transcript
 
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
-from chatapp.keeper.keeper import ChatKeeper
 from chatapp.store.database import ChatStore
 from chatapp.store.snapshots import MAX_SEGMENTS
 from model.families.llama import RANDOM, LlamaConfig
@@ -25,21 +24,10 @@ from model.loading.random import random_model
 FIX = Path(__file__).parent / "fixtures" / "nanochat"
 
 
-def new_keeper(lm, store, context=1024) -> ChatKeeper:
-    return ChatKeeper(Session(lm, Settings(temperature=0.0, max_new_tokens=8), context=context), store)
 
 
-def talk(keeper: ChatKeeper, *msgs: str) -> None:
-    for m in msgs:
-        events = list(keeper.send(m))
-        assert not [e for e in events if getattr(e, "event", "") == "error"], events
 
 
-def reopen(lm, store, chat_id, context=1024):
-    k = new_keeper(lm, store, context)
-    restored, errors = k.open(chat_id)
-    assert not errors
-    return k, restored
 
 
 def assert_same_cache(a: Session, b: Session):

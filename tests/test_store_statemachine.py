@@ -11,10 +11,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+from helpers import assert_invariant, assert_transcript
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from test_session import assert_invariant, assert_transcript
 
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import assert_invariant
 from llama_vocab import vocab_dir
-from test_session import assert_invariant
 from vocab_model import wrap_vocab
 
 from chatapp.chat import whole

@@ -10,9 +10,7 @@ import io
 import json
 
 import pytest
-import torch
-from test_chat_formats import messages, official, source
-from test_tool_session import assert_cache_holds_tokens
+from helpers import assert_invariant, messages, official, scripted_qwen3
 from tui_pilot import make_app, ready, replies, submit
 
 from chatapp.chat.events import TextDelta, TurnStats
@@ -22,44 +20,13 @@ from chatapp.headless import run_headless
 from chatapp.keeper.keeper import ChatKeeper
 from chatapp.store.database import ChatStore
 from chatapp.tui.transcript import Thinking
-from kvcache import Attention
-from model.chat_formats.recognize import template_for
-from model.chat_formats.templates import Qwen3, encode_rendered
-from model.families.llama import Llama, LlamaConfig
+from model.chat_formats.templates import encode_rendered
 from model.loading import LoadedModel
-from model.tokenizers.tokenizer import Tokenizer, byte_level_encoding
 
 pytestmark = pytest.mark.anyio
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 USERS = ["Hi, who are you?", "Name three colours.", "Which is warmest?"]
-SCRIPT = "<think>Plan</think>Hi!<|im_end|>"  # distinct tokens: each one names its successor
 
 
-def scripted_qwen3() -> LoadedModel:
-    """A Llama whose greedy reply after the assistant header is SCRIPT: the script's token
-    embeddings are orthogonal and lm_head maps each to its successor; attention and MLPs
-    still run (scaled down) and write the cache."""
-    tok = Tokenizer(byte_level_encoding("bytes-qwen3", SPECIALS), eos="<|endoftext|>")
-    fmt = template_for(tok, source("Qwen-Qwen3-0.6B"))
-    assert isinstance(fmt, Qwen3)
-    script = encode_rendered(tok, "\n" + SCRIPT)  # "\n": the header's last token starts it
-    assert len(set(script)) == len(script)
-    cfg = LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = Llama(cfg, Attention("sdpa"))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.normal_(0.0, 0.02 if "proj" in name and ("o_proj" in name or "down" in name) else 0.1)
-        basis = torch.linalg.qr(torch.randn(64, 64))[0].T * 8.0
-        for i, t in enumerate(script):
-            model.model.embed_tokens.weight[t] = basis[i]
-        model.lm_head.weight.zero_()
-        for i, nxt in enumerate(script[1:]):
-            model.lm_head.weight[nxt] += 0.5 * basis[i]
-    return LoadedModel(model.eval(), tok, fmt, "scripted qwen3", cfg.max_position_embeddings)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +54,7 @@ def test_the_session_splits_thinking_and_shows_the_model_the_official_history(qw
         if k:  # the last reply lost its thinking: re-prefilled from its start, and no further
             assert st.cached_before == s.exchanges[-2].reply_start
     assert s.exchanges[0].reply == "<think>Plan</think>Hi!"  # the store's text keeps it
-    assert_cache_holds_tokens(s)
+    assert_invariant(s)
 
 
 def test_headless_turns_carry_thinking_apart(qwen3):

@@ -3,7 +3,7 @@ exact re-prefill comes at most once per half a context of new chat, and its cost
 turn's figures."""
 
 import pytest
-from test_session import assert_invariant, assert_transcript, run, turn_of
+from helpers import assert_invariant, assert_transcript, run, turn_of
 
 from chatapp.chat.events import Error, Prefilling, Trimmed
 from chatapp.chat.session import Session

@@ -5,7 +5,7 @@ old continuation is a stored chat (the real store, in the test's chats dir)."""
 from __future__ import annotations
 
 import pytest
-from test_session import assert_invariant
+from helpers import assert_invariant
 from tui_pilot import make_app, notices, ready, replies, row, submit, until
 
 from chatapp.tui.transcript import UserMessage

@@ -4,7 +4,7 @@ the turn worker with its progress in the cache panel, and the header names the n
 from __future__ import annotations
 
 import pytest
-from test_session import assert_invariant
+from helpers import assert_invariant
 from textual.widgets import OptionList
 from tui_pilot import make_app, notices, ready, replies, submit, until
 
