@@ -23,7 +23,7 @@ import torch
 
 from chatapp.bench.decode import decode_at, kv_bytes_read, read_bandwidth, weight_bytes_per_token
 from chatapp.bench.footprint import dir_bytes, headless_turn
-from chatapp.bench.llamacpp import find_binary, pick, run_peer
+from chatapp.bench.llamacpp import find_binary, pick, print_peer_note, run_peer
 from chatapp.bench.models import default_model_path
 from model.decode.generate import Generator
 from model.loading import LoadedModel
@@ -146,13 +146,7 @@ def print_cpu_peer(model: str, note: str, res: dict) -> None:
     o, peer, tg, pp = res["ours"], res["llama_cpp"], res["tg"], res["pp"]
     print(f"\n== CPU peer: {model}, {res['threads']} threads, {res['reps']} reps, our engine {o['engine']} "
           f"({o['backend']}) ==")
-    if note:
-        print(f"note: {note}")
-    if "skipped" in peer:
-        print(f"peer skipped: {peer['skipped']}")
-    else:
-        first = peer["tests"][0] if peer["tests"] else {}
-        print(f"llama.cpp: {first.get('model_type')} on {first.get('backends')}, build {first.get('build')}")
+    print_peer_note(note, peer, "peer skipped")
 
     def rate(r: dict) -> str:
         return f"{r['tok_s']:,.1f} ± {r['stddev_tok_s']:,.1f}"

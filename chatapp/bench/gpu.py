@@ -22,7 +22,7 @@ import time
 import torch
 
 from chatapp.bench.decode import decode_at
-from chatapp.bench.llamacpp import find_binary, pick, run_peer
+from chatapp.bench.llamacpp import find_binary, pick, print_peer_note, run_peer
 from chatapp.bench.profile import prefill_bucket_profile, print_prefill_profile
 from model.decode.generate import Generator
 from model.decode.graph_config import GraphConfig
@@ -159,14 +159,7 @@ def _f(v, fmt: str = "{:,.0f}") -> str:
 def print_gpu_peer(model: str, note: str, res: dict) -> None:
     o, peer, tg = res["ours"], res["llama_cpp"], res["tg"]
     print(f"\n== GPU peer: {model}; decode {o['engine']}, prefill {o['prefill_engine']}, attention {o['backend']} ==")
-    if note:
-        print(f"note: {note}")
-    if "skipped" in peer:
-        print(f"llama.cpp skipped: {peer['skipped']}")
-    else:
-        first = peer["tests"][0] if peer["tests"] else {}
-        print(f"llama.cpp: {first.get('model_type')} on {first.get('backends')}, build {first.get('build')}; "
-              + " && ".join(peer.get("commands", [])))
+    print_peer_note(note, peer, "llama.cpp skipped", commands=True)
     lc, ratio = res["llama_cpp_tok_s"], res["ratios"]
     mod = o.get("modules", {})
     lines = [("tok/s", "ours", "ours, graphs of modules", "ours, eager 512-chunks", "llama.cpp", "ours/llama.cpp",

@@ -88,3 +88,16 @@ def run_peer(binary: str, gguf: str, threads: int, pp: int | str, tg: int, depth
         peak = max((v for v in (peak, r["peak_rss_bytes"]) if v is not None), default=None)  # None: no /proc
         seconds += r["seconds"]
     return {"tests": tests, "peak_rss_bytes": peak, "seconds": seconds, "commands": [" ".join(c) for c in runs]}
+
+
+def print_peer_note(note: str, peer: dict, skipped: str, commands: bool = False) -> None:
+    """The lines under a peer table's title: the run's note, then llama.cpp's model, backends and
+    build (and, with `commands`, the commands it ran), or why it was skipped."""
+    if note:
+        print(f"note: {note}")
+    if "skipped" in peer:
+        print(f"{skipped}: {peer['skipped']}")
+        return
+    first = peer["tests"][0] if peer["tests"] else {}
+    line = f"llama.cpp: {first.get('model_type')} on {first.get('backends')}, build {first.get('build')}"
+    print(line + ("; " + " && ".join(peer.get("commands", [])) if commands else ""))

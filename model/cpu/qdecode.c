@@ -146,16 +146,25 @@ static void split_act(Act *a) {
 #endif
 }
 
+#ifdef QD_AVX2
+/* 32 floats into x[0..3], and their largest magnitude: the numerator of an int8 or int16 block's
+   scale (quantize_act here, and qgemm.c's quant32 and quant32_16). */
+static inline float load32_amax(const float *p, __m256 x[4]) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mx = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) { x[k] = _mm256_loadu_ps(p + 8 * k); mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, x[k])); }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+}
+#endif
+
 static void quantize_act(Act *a) {
     for (int b = 0; b < a->n / 32; b++) {
         const float *x = a->x + 32 * b;
 #ifdef QD_AVX2
-        const __m256 sign = _mm256_set1_ps(-0.0f);
-        __m256 v[4], mx = _mm256_setzero_ps();
-        for (int k = 0; k < 4; k++) { v[k] = _mm256_loadu_ps(x + 8 * k); mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[k])); }
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        __m256 v[4];
+        float amax = load32_amax(x, v);
         float d = amax / QMAX, id = d > 0.f ? 1.f / d : 0.f;
         __m256i sum = _mm256_setzero_si256();
         __m256i q[4];

@@ -145,12 +145,8 @@ static void unpack_row(const QW *w, int r, int8_t *q, float *sw, float *mn, int3
 /* 32 values as int8 with their scale: d = amax / 127, q = round(x / d) (to nearest even). */
 static inline float quant32(const float *p, int8_t *v) {
 #ifdef QD_AVX2
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 x[4], mx = _mm256_setzero_ps();
-    for (int k = 0; k < 4; k++) { x[k] = _mm256_loadu_ps(p + 8 * k); mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, x[k])); }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    __m256 x[4];
+    const float amax = load32_amax(p, x);
     const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
     __m256i q[4];
     for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(x[k], _mm256_set1_ps(id)));
@@ -172,12 +168,8 @@ static inline float quant32(const float *p, int8_t *v) {
 static inline float quant32_16(const float *p, int16_t *v) {
     float amax = 0.f;
 #ifdef QD_AVX2
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 x[4], mx = _mm256_setzero_ps();
-    for (int k = 0; k < 4; k++) { x[k] = _mm256_loadu_ps(p + 8 * k); mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, x[k])); }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    __m256 x[4];
+    amax = load32_amax(p, x);
     const float d = amax / 32767.f, id = d > 0.f ? 1.f / d : 0.f;
     __m256i q[4];
     for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(x[k], _mm256_set1_ps(id)));

@@ -42,12 +42,17 @@ def _packed(layer) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     return wqkv, bias, pack_rows([mlp.gate_proj, mlp.up_proj])
 
 
-class LlamaFusedPrefillStep(LlamaPrefillStep):
+class Packed:
+    """What both fused prefills add to their family's plain one: each layer's weights packed
+    (q/k/v rows and biases, gate/up rows), once."""
     name = "fused"
 
     def __init__(self, model: torch.nn.Module, *args, **kw):
         super().__init__(model, *args, **kw)
         self.packed = [_packed(layer) for layer in model.model.layers]
+
+
+class LlamaFusedPrefillStep(Packed, LlamaPrefillStep):
 
     def layers(self, rows: torch.Tensor, rope_rows: torch.Tensor) -> torch.Tensor:
         m, pos, c = self.model, self.cache.cache_seqlens, self.model.config
@@ -69,12 +74,7 @@ class LlamaFusedPrefillStep(LlamaPrefillStep):
         return x[None]
 
 
-class GemmaFusedPrefillStep(GemmaPrefillStep):
-    name = "fused"
-
-    def __init__(self, model: torch.nn.Module, *args, **kw):
-        super().__init__(model, *args, **kw)
-        self.packed = [_packed(layer) for layer in model.model.layers]
+class GemmaFusedPrefillStep(Packed, GemmaPrefillStep):
 
     def layers(self, rows: torch.Tensor, rope_rows: torch.Tensor) -> torch.Tensor:
         m, pos, c = self.model, self.cache.cache_seqlens, self.model.config
