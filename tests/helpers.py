@@ -659,10 +659,11 @@ def scripted(expr: str, after: str) -> LoadedModel:
 # --- greedy decoding through the Generator ----------------------------------------------------
 
 
-def greedy_tokens(model, vocab_size: int, prompt: list[int], n: int, cache_len: int = 256) -> list[int]:
-    """`n` tokens sampled at temperature 0 after `prompt`, each fed back: the Generator's plain loop."""
-    gen = Generator(model, model.new_cache(cache_len), vocab_size)
+def greedy(gen: Generator, prompt: list[int], n: int) -> list[int]:
+    """`n` tokens sampled at temperature 0 after `prompt` (the cache emptied first), each fed back."""
     gen.configure(SamplingConfig(temperature=0.0))
+    gen.cache.reset()
+    gen.forget()
     gen.prefill(prompt)
     out = []
     for _ in range(n):

@@ -7,10 +7,11 @@ import subprocess
 import sys
 
 import pytest
-from helpers import greedy_tokens
+from helpers import greedy
 
 from chatapp.bench.main import main
 from chatapp.bench.peer import hf_static_decode
+from model.decode.generate import Generator
 
 
 def test_bench_prints_table_then_one_json_line(capsys):
@@ -41,7 +42,8 @@ def test_peer_runs_our_weights(tiny):
     """The transformers twin decodes the same greedy tokens: the peer really runs our model."""
     prompt = list(range(20, 50))
     peer = hf_static_decode(tiny.model, prompt, 8)
-    ours = greedy_tokens(tiny.model, tiny.model.config.vocab_size, prompt, 8, 128)  # HF argmaxes all ids
+    gen = Generator(tiny.model, tiny.model.new_cache(128), tiny.model.config.vocab_size)  # HF argmaxes all ids
+    ours = greedy(gen, prompt, 8)
     assert peer["first_tokens"] == ours
     assert peer["tok_s"] > 0
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_decode_noise, share_prefill
+from helpers import assert_decode_noise, greedy, share_prefill
 
 from chatapp.chat.events import Trimmed
 from chatapp.chat.session import Session
@@ -128,18 +128,6 @@ def test_triton_decode_attention_within_twice_sdpa_bf16_error(pos, hq, hk, d, sp
         assert int(attn.count.abs().sum()) == 0
         out = out.view(hq, d)
     assert rel_err(out, ref[0, 0]) <= 2 * rel_err(sdpa_bf16, ref)
-
-
-def greedy(gen: Generator, prompt: list[int], n: int) -> list[int]:
-    gen.configure(SamplingConfig(temperature=0.0))
-    gen.cache.reset()
-    gen.forget()
-    gen.prefill(prompt)
-    out = []
-    for _ in range(n):
-        out.append(gen.sample())
-        gen.feed(out[-1])
-    return out
 
 
 def chat_prompt(lm) -> list[int]:

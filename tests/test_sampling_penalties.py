@@ -5,7 +5,7 @@ reply's last `repeat_last_n` tokens."""
 
 import pytest
 import torch
-from helpers import greedy_tokens
+from helpers import greedy
 from transformers.generation.logits_process import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor
 
 from model.decode.generate import Generator
@@ -136,6 +136,6 @@ def test_the_generator_penalizes_the_replys_last_n_tokens():
         assert tok == int(want)
         reply.append(tok)
         gen.feed(tok)
-    unpenalized = greedy_tokens(lm.model, vocab, prompt, 30)
+    unpenalized = greedy(Generator(lm.model, lm.model.new_cache(256), vocab), prompt, 30)
     assert unpenalized != reply  # the penalties changed the reply
     assert len(set(reply)) > len(set(unpenalized))
