@@ -203,33 +203,6 @@ def test_8k_prefill_peak_memory_within_cache_plus_twice_the_weights(spec):
     assert r["peak_bytes"] <= r["bound_bytes"]
 
 
-@pytest.mark.gpu
-@cuda
-@pytest.mark.parametrize("gelu", [False, True])
-def test_fused_gate_up_gemm_equals_linear_then_glu_on_cuda(gelu):
-    """The gate/up GEMM with the activation in its epilogue, bf16 on the GPU, each config against
-    cuBLAS then `glu` (whole tiles and a row tail): bf16 rounding apart, the same (T, F) rows;
-    and `choose` either keeps cuBLAS or names a config it measured faster."""
-    import torch.nn.functional as F
-
-    from model.decode.glu_gemm import CHOICES, CONFIGS, choose, glu_gemm
-    from model.decode.prefill_kernels import glu
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    for t in (512, 300):
-        h = torch.randn(t, 576, device="cuda", dtype=torch.bfloat16, generator=g)
-        w = torch.randn(2 * 1536, 576, device="cuda", dtype=torch.bfloat16, generator=g) * 0.05
-        want = glu(F.linear(h, w), gelu=gelu)
-        for cfg in CONFIGS:
-            got = glu_gemm(h, w, gelu, cfg)
-            assert got.shape == want.shape
-            assert rel_err(got, want) < 1e-2, (t, cfg, rel_err(got, want))
-    cfg = choose(512, w, gelu)
-    rec = next(v for v in CHOICES.values() if v["rows"] == 512 and v["gelu"] == gelu and v["k"] == 576)
-    print(rec)
-    assert cfg is None or (cfg in CONFIGS and rec["fused"][str(cfg)]["ms"] < rec["cublas_ms"])
-
-
 def test_the_app_asks_cuda_for_expandable_segments_unless_the_user_chose():
     """`model` sets PYTORCH_CUDA_ALLOC_CONF before CUDA starts (freed blocks are reused or unmapped
     instead of stranded: docs/gpu.md), and a user's own setting is kept."""

@@ -108,16 +108,7 @@ def ours(lm: LoadedModel, spec: str, tg: int, reps: int) -> dict:
     res["prefill_engine"] = (f"graphs of the {pg.kind} step, buckets {sorted(pg.graphs)}" if pg
                              else f"eager, {gen.prefill_chunk}-token chunks")
     res["backend"] = lm.model.attn.name
-    res["glu_gemm"] = glu_choices(lm.model)
     return res
-
-
-def glu_choices(model) -> list[dict]:
-    """What the prefill measured for its gate/up GEMM per bucket (model/decode/glu_gemm.py)."""
-    from model.decode.glu_gemm import CHOICES  # lazy: imports triton
-
-    c = model.config
-    return [v for v in CHOICES.values() if (v["k"], v["f"]) == (c.hidden_size, c.intermediate_size)]
 
 
 def gpu_peer(lm: LoadedModel, spec: str, gguf: str | None, llama_bench: str | None, tg: int, reps: int) -> dict:
@@ -185,10 +176,5 @@ def print_gpu_peer(model: str, note: str, res: dict) -> None:
               f"{m['peak_bytes'] / 1e6:,.0f} MB reserved ({m['peak_allocated_bytes'] / 1e6:,.0f} allocated) "
               f"<= cache + 2x weights {m['bound_bytes'] / 1e6:,.0f} MB: "
               f"{'met' if m['peak_bytes'] <= m['bound_bytes'] else 'missed'}")
-    for g in o.get("glu_gemm", []):
-        fused = ", ".join(f"{cfg} {r['ms']:.3f} ms" if isinstance(r, dict) else f"{cfg} {r}"
-                          for cfg, r in g["fused"].items())
-        print(f"gate/up GEMM + act, bucket {g['rows']} (measured on {g['probe_rows']} rows): cuBLAS + glu "
-              f"{g['cublas_ms']:.3f} ms; fused {fused}; takes {g['config'] or 'cuBLAS + glu'}")
     if "profile512" in o:
         print_prefill_profile(o["profile512"])
