@@ -196,9 +196,34 @@ def prefill_cases() -> None:
     print(json.dumps(rows))
 
 
+def glu_gemm_cases() -> None:
+    """The gate/up GEMM with the activation in its epilogue (model/decode/glu_gemm.py) against
+    F.linear then act * up, fp32: row, column and K tails (masked tiles) and whole tiles, SiLU
+    and GELU, both configs' tile shapes scaled down to the interpreter."""
+    import torch.nn.functional as F
+
+    from model.decode.glu_gemm import glu_gemm
+
+    rows = []
+    g = torch.Generator().manual_seed(5)
+    for t, k, f, gelu, cfg in ((37, 80, 48, False, (32, 32, 32, 1, 4)), (70, 96, 40, True, (32, 16, 32, 1, 4)),
+                               (64, 64, 32, False, (32, 32, 32, 1, 4)), (64, 64, 32, True, (16, 32, 16, 1, 4))):
+        h = torch.randn(t, k, generator=g)
+        w = torch.randn(2 * f, k, generator=g) * 0.2
+        gu = F.linear(h, w)
+        act = F.gelu(gu[:, :f], approximate="tanh") if gelu else F.silu(gu[:, :f])
+        want = act * gu[:, f:]
+        got = glu_gemm(h, w, gelu, cfg)
+        rows.append(dict(t=t, k=k, f=f, gelu=gelu, shape=list(got.shape),
+                         max_err=float((got - want).abs().max() / want.abs().max())))
+    print(json.dumps(rows))
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["prefill"]:
         prefill_cases()
+    elif sys.argv[1:] == ["glu_gemm"]:
+        glu_gemm_cases()
     elif sys.argv[1:] == ["window"]:
         window_cases()
     elif sys.argv[1:] == ["attention"]:

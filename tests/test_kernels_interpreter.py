@@ -103,3 +103,15 @@ def test_fused_prefill_step_matches_eager_over_a_cache():
     for r in rows:
         assert r["rel_err"] < 1e-5 and r["next_rel_err"] < 1e-5 and r["kv_max_diff"] < 1e-4, r
         assert r["padding_written"] and r["beyond_untouched"], r   # nothing past the bucket's 16 rows
+
+
+def test_gate_up_gemm_with_the_activation_in_its_epilogue_matches_linear_then_glu():
+    """The fused gate/up GEMM the prefill takes where it measures faster (model/decode/glu_gemm.py):
+    masked row/column/K tails and whole tiles, SiLU and GELU, against F.linear then act * up."""
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "kernels_interpret.py"), "glu_gemm"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(rows) == 4
+    for r in rows:
+        assert r["shape"] == [r["t"], r["f"]] and r["max_err"] < 1e-5, r

@@ -4,7 +4,8 @@ Same contract as `PrefillStep` (model/decode/prefill_step.py): `step()` pushes t
 `cache_seqlens`, writes K/V there, leaves the cache's position to its caller and writes the
 logits of row `last`. The GEMMs are cuBLAS on packed rows (q/k/v, gate/up); attention is the
 plain step's `PrefillAttention` (FA3, or the Triton window kernel for windowed layers); the rest
-is three Triton kernels. The residual stream stays one (T, hidden) buffer updated in place, and
+is three Triton kernels, or two where the gate/up GEMM carries the activation (decode/glu_gemm.py,
+chosen per bucket by measuring). The residual stream stays one (T, hidden) buffer updated in place, and
 each residual add rides in the norm kernel that follows it.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from model.decode.glu_gemm import choose, glu_gemm
 from model.decode.llama_fused import pack_rows
 from model.decode.prefill_kernels import glu, residual_norm, rope_cache
 from model.decode.prefill_step import GemmaPrefillStep, LlamaPrefillStep
@@ -42,12 +44,18 @@ def _packed(layer) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     return wqkv, bias, pack_rows([mlp.gate_proj, mlp.up_proj])
 
 
+def mlp_hidden(h: torch.Tensor, wgu: torch.Tensor, cfg: tuple | None, gelu: bool = False) -> torch.Tensor:
+    """act(gate) * up of h's rows: the fused GEMM where `choose` measured it faster, else cuBLAS + glu."""
+    return glu(F.linear(h, wgu), gelu=gelu) if cfg is None else glu_gemm(h, wgu, gelu, cfg)
+
+
 class LlamaFusedPrefillStep(LlamaPrefillStep):
     name = "fused"
 
     def __init__(self, model: torch.nn.Module, *args, **kw):
         super().__init__(model, *args, **kw)
         self.packed = [_packed(layer) for layer in model.model.layers]
+        self.glu_cfg = choose(self.ids.shape[1], self.packed[0][2])
 
     def layers(self, rows: torch.Tensor, rope_rows: torch.Tensor) -> torch.Tensor:
         m, pos, c = self.model, self.cache.cache_seqlens, self.model.config
@@ -63,7 +71,7 @@ class LlamaFusedPrefillStep(LlamaPrefillStep):
             o = self.attend(q, kc, vc, pos, self.seqlens_k, (-1, -1))
             o = F.linear(o.reshape(x.shape[0], -1), layer.self_attn.o_proj.weight)
             h = residual_norm(x, o, layer.post_attention_layernorm.weight, c.rms_norm_eps)
-            d = F.linear(glu(F.linear(h, wgu)), layer.mlp.down_proj.weight)
+            d = F.linear(mlp_hidden(h, wgu, self.glu_cfg), layer.mlp.down_proj.weight)
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else None
             h = residual_norm(x, d, nxt, c.rms_norm_eps, h=h if nxt is not None else None)
         return x[None]
@@ -75,6 +83,7 @@ class GemmaFusedPrefillStep(GemmaPrefillStep):
     def __init__(self, model: torch.nn.Module, *args, **kw):
         super().__init__(model, *args, **kw)
         self.packed = [_packed(layer) for layer in model.model.layers]
+        self.glu_cfg = choose(self.ids.shape[1], self.packed[0][2], gelu=True)
 
     def layers(self, rows: torch.Tensor, rope_rows: torch.Tensor) -> torch.Tensor:
         m, pos, c = self.model, self.cache.cache_seqlens, self.model.config
@@ -92,7 +101,7 @@ class GemmaFusedPrefillStep(GemmaPrefillStep):
                          a.o_proj.weight)
             h = residual_norm(x, o, layer.pre_feedforward_layernorm.weight, eps, h=h,
                               d_norm=layer.post_attention_layernorm.weight, gemma=True)
-            d = F.linear(glu(F.linear(h, wgu), gelu=True), layer.mlp.down_proj.weight)
+            d = F.linear(mlp_hidden(h, wgu, self.glu_cfg, gelu=True), layer.mlp.down_proj.weight)
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else None
             h = residual_norm(x, d, nxt, eps, h=h if nxt is not None else None,
                               d_norm=layer.post_feedforward_layernorm.weight, gemma=True)
