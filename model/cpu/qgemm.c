@@ -39,6 +39,7 @@ typedef struct {
     int nb, rb, t, tp, kind, bits;   /* kind 0: idle, 1: GEMM, 2: quantize x; bits: 8 or 16 */
     const float *x;                  /* kind 2: the input, t x k */
     int k, sub;
+    int glu;                         /* 0, or 1 + act: y = act(y) * (x W^T), y holding the gate's output */
     uint64_t call;
 } GPhase;
 
@@ -410,6 +411,20 @@ static void quant_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
     }
 }
 
+/* y[r] = act(y[r]) * u[r], r < n, each value through act_rows' vector path (its scalar tail
+   would give other bits, and where a block ends depends on the thread count) */
+static void glu_rows(int act, float *y, const float *u, int n) {
+    const int whole = n / 8 * 8;
+    act_rows(act, y, u, 0, whole);
+    if (whole < n) {
+        float ty[8] = {0}, tu[8] = {0};
+        memcpy(ty, y + whole, sizeof(float) * (n - whole));
+        memcpy(tu, u + whole, sizeof(float) * (n - whole));
+        act_rows(act, ty, tu, 0, 8);
+        memcpy(y + whole, ty, sizeof(float) * (n - whole));
+    }
+}
+
 static void gemm_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
     if (p->kind == 2) { quant_block(c, p, b, tid, s); return; }
     const QW *w = &p->w;
@@ -453,7 +468,8 @@ static void gemm_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
     for (int t = 0; t < p->t; t++) {
         float *dst = p->y + (size_t)t * w->rows + r0;
         const float *src = sc->out + (size_t)t * rp;
-        if (w->bias) for (int r = 0; r < rows; r++) dst[r] = src[r] + w->bias[r0 + r];
+        if (p->glu) glu_rows(p->glu - 1, dst, src, rows);   /* the gate's rows, now act(gate) * up */
+        else if (w->bias) for (int r = 0; r < rows; r++) dst[r] = src[r] + w->bias[r0 + r];
         else memcpy(dst, src, sizeof(float) * rows);
     }
     if (pool_published(&c->pool, s, b, p->nb)) {
@@ -532,8 +548,25 @@ void qg_free(void *p) {
 /* y (t x w->rows) = x (t x w->cols) W^T (+ bias), the activations rounded to `bits` (16: as the
    decode step rounds them; 8: llama.cpp's choice). `fresh` 0: x is the input of the previous call
    (same values), already quantized (ignored when t or SUB differ). Returns 0, or -1 (the caller falls back). */
+static int gemm_call(GCtx *c, const QW *w, const float *x, int t, float *y, int fresh, int bits, int glu);
+
 int qg_gemm(void *p, const QW *w, const float *x, int t, float *y, int fresh, int bits) {
-    GCtx *c = p;
+    return gemm_call(p, w, x, t, y, fresh, bits, 0);
+}
+
+/* y (t x rows) = act(x Wg^T) * (x Wu^T): a gated MLP's first half in two phases, the product
+   formed as each up block is published (the gate's output is complete by then), so the MLP's
+   hidden activations are written once and never pass through PyTorch. act: ACT_SILU or
+   ACT_GELU_TANH (the decode step's act_rows). Returns 0, or -1 (the caller runs them apart). */
+int qg_gemm_glu(void *p, const QW *wg, const QW *wu, const float *x, int t, float *y, int fresh, int bits, int act) {
+    if (wg->rows != wu->rows || wg->cols != wu->cols || wg->bias || wu->bias || (act != ACT_SILU && act != ACT_GELU_TANH)
+        || !qg_supports(wg) || !qg_supports(wu))
+        return -1;
+    if (gemm_call(p, wg, x, t, y, fresh, bits, 0) != 0) return -1;
+    return gemm_call(p, wu, x, t, y, 0, bits, 1 + act);
+}
+
+static int gemm_call(GCtx *c, const QW *w, const float *x, int t, float *y, int fresh, int bits, int glu) {
     if (!c || !qg_supports(w) || t < 1 || w->cols > c->k_max || (bits != 8 && bits != 16)) return -1;
     const int sub = qg_sub(w);
     /* rows a block: about 8 blocks a thread, whole kernel tiles, at most QG_RB_MAX */
@@ -548,7 +581,7 @@ int qg_gemm(void *p, const QW *w, const float *x, int t, float *y, int fresh, in
     for (int t0 = 0; t0 < t; t0 += QG_TMAX) {
         const int tn = t - t0 < QG_TMAX ? t - t0 : QG_TMAX, tp = (tn + QG_TOK - 1) / QG_TOK * QG_TOK;
         GPhase ph = {*w, y + (size_t)t0 * w->rows, (w->rows + rb - 1) / rb, rb, tn, tp, 1, bits, NULL, w->cols, sub,
-                     ++c->call};
+                     glu, ++c->call};
         uint64_t s = atomic_load(&c->pool.seq);
         pool_open_begin(&c->pool, s);
         if (fresh) {   /* first a phase that quantizes the input, one token group a block */
