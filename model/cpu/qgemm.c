@@ -1,28 +1,30 @@
 /* The prefill's GEMM: Y (T x rows) = X (T x K) W^T over a weight in its block format, with
- * int8 activations, integer dot products and one fp32 scale step per block of 16 or 32 values.
- * #included by qdecode.c after pool.c (it uses QW, the formats of qformats.h and the pool).
+ * integer activations (int16 by default, int8 opt-in), integer dot products and one fp32 scale
+ * step per block of 16 or 32 values. #included by qdecode.c after pool.c (it uses QW, the formats
+ * of qformats.h, act_rows and the pool).
  *
  * Why: MKL's fp32 GEMM on the dequantized matrix was the prefill's ceiling (~815 tok/s on the
- * default model here). AVX-512 VNNI's vpdpbusd does 64 u8 x s8 multiply-adds an instruction
- * where an fp32 FMA does 16 (docs/cpu-prefill.md).
+ * default model here). AVX-512 VNNI's vpdpwssd does 32 int16 multiply-adds an instruction and
+ * vpdpbusd 64 u8 x s8, at one a cycle here, where an fp32 FMA does 16 (docs/cpu-prefill.md).
  *
  * Data, per call:
- *   activations  per token and 32 values: d = amax / 127, qa = round(x / d) in [-127, 127], stored
- *                biased (qa + 128, u8) in groups of 16 tokens: [group][k / 4][16 tokens][4 values],
- *                so one 64-byte load is 4 values of 16 tokens (one int32 lane a token);
- *                with d [group][k / 32][16] and d * sum(qa) [group][k / SUB][16] for the mins.
+ *   activations  per token and 32 values: d = amax / 32767 (int16) or / 127 (int8), qa = round(x / d),
+ *                in groups of 16 tokens so one 64-byte load holds one int32 lane a token:
+ *                int16 [group][k / 2][16 tokens][2 values]; int8 stored biased (qa + 128, u8)
+ *                [group][k / 4][16 tokens][4 values]; with d [group][k / 32][16] and
+ *                d * sum(qa) [group][k / SUB][16] for the mins.
  *   weights      unpacked per block of rows by the thread that computes it, from the file's
- *                bytes: int8 values row-major, and per SUB values (16 or 32) the scale, the min
- *                (value = s * q + m) and -128 * sum(q), which cancels the activations' bias in
- *                the integer sum exactly.
- * So a row r, token t, SUB-block b contributes (float)(sum (qa+128) q - 128 sum q) * (d * s)
- * + (d * sum qa) * m: exact integers, then two fp32 roundings per block in a fixed order (any
- * thread count gives the same bits).
+ *                bytes: int8 values row-major (widened once to int16 for the int16 kernel), and per
+ *                SUB values (16 or 32) the scale, the min (value = s * q + m) and -128 * sum(q),
+ *                which cancels the int8 activations' bias in the integer sum exactly.
+ * So a row r, token t, SUB-block b contributes (float)(sum qa q) * (d * s) + (d * sum qa) * m:
+ * exact integers, then two fp32 roundings per block in a fixed order (any thread count gives the
+ * same bits).
  *
- * Work: one pool phase per call, its blocks are rows (all tokens at once: the block's weights
- * stay in L1 while every token group passes); claimed by compare-and-swap, computed into the
- * thread's own scratch, published by whoever wins the block (pool.c), so a descheduled thread
- * delays nobody. Idle threads spin SPIN_US, then sleep.
+ * Work: one pool phase per call, its blocks are rows; a block's row tiles pass over the tokens
+ * in chunks that stay in L2; claimed by compare-and-swap, computed into the thread's own
+ * scratch, published by whoever wins the block (pool.c), so a descheduled thread delays nobody.
+ * Idle threads spin SPIN_US, then sleep.
  */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(QD_AVX2)
 #define QG_VNNI 1
