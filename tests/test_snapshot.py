@@ -18,9 +18,9 @@ from chatapp.chat.settings import Settings
 from chatapp.keeper.keeper import ChatKeeper
 from chatapp.store.database import ChatStore
 from chatapp.store.snapshots import MAX_SEGMENTS
-from model.families.llama import LlamaConfig
+from model.families.llama import RANDOM, LlamaConfig
 from model.loading import LoadedModel, LoadOptions, load_model
-from model.loading.random import PRESETS, random_llama
+from model.loading.random import random_model
 
 FIX = Path(__file__).parent / "fixtures" / "nanochat"
 
@@ -171,7 +171,7 @@ def test_another_models_snapshot_is_never_loaded(tiny, store):
     k = new_keeper(tiny, store)
     talk(k, "one", "two")
     pos = k.session.cache.pos
-    other = LoadedModel(random_llama(LlamaConfig(**PRESETS["tiny"]), LoadOptions(), seed=1), tiny.tokenizer,
+    other = LoadedModel(random_model(LlamaConfig(**RANDOM.presets["tiny"]), LoadOptions(), seed=1), tiny.tokenizer,
                         tiny.template, "random:tiny-seed1", tiny.context_length)
     k2, r = reopen(other, store, k.chat_id)
     assert r.restored_tokens == 0 and r.reprefilled_tokens == pos

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kvcache import KVCache
+from kvcache import Attention, KVCache
 
 
 class RMSNorm(nn.Module):
@@ -149,16 +149,23 @@ def rope_rows(cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, t: int, step
 
 
 class LlamaShaped(nn.Module):
-    """What Llama and Gemma share around their layers: the KV cache they make, and rotary tables
-    as long as the longest cache made. A subclass sets `config` (Hugging Face's field names) and
-    `model` (its body: embed_tokens, layers, norm), then its own rotary tables from `rope_length`."""
+    """What Llama and Gemma share around their layers: the head (tied to the embeddings or not),
+    the KV cache they make, and rotary tables as long as the longest cache made. A subclass hands
+    its config (Hugging Face's field names) and its body (embed_tokens, layers, norm), then builds
+    its own rotary tables from `rope_length`."""
 
-    def __init__(self, max_seq_len: int):
+    def __init__(self, cfg, attn: Attention | None, body: nn.Module):
         super().__init__()
-        self.max_seq_len = max_seq_len
+        self.config, self.max_seq_len = cfg, cfg.max_position_embeddings
+        self.attn = attn or Attention("auto")
+        self.model = body
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = body.embed_tokens.weight
         self.cache_dtype: torch.dtype | None = None  # None: the weights' dtype (quantized models: fp16)
         self.longest_cache = 0  # the rotary tables' length follows it (rope_length)
         self.retired: list = []  # tables replaced by longer ones, kept alive for graphs captured on them
+        self._rope = None  # fp32 even in a bf16 model
 
     def new_cache(self, seq_len: int | None = None) -> KVCache:
         c, p = self.config, self.model.norm.weight

@@ -13,8 +13,9 @@ import torch
 import torch.nn as nn
 
 from kvcache import Attention, KVCache
+from model.families.declare import RandomWeights
 from model.families.layers import ReLU2, apply_rotary, rms_norm, rope_rows, rotary_tables
-from model.families.nanochat_config import NanochatConfig
+from model.families.nanochat_config import GENERATIONS, LATEST, NanochatConfig
 
 TOKENS_STATE = "nanochat.token_ids"  # per-position token ids: the smear gate's previous token
 
@@ -168,3 +169,18 @@ class Nanochat(nn.Module):
         if step is None:
             cache.advance(t)
         return cfg.softcap * torch.tanh(logits / cfg.softcap)
+
+
+def init_random(model: Nanochat) -> None:
+    """The lambdas as built (they weigh the residual stream); the embeddings and head smaller."""
+    for name, p in model.named_parameters():
+        if "lambda" not in name:
+            p.normal_(0.0, 0.02 if p.dim() == 2 and p.shape[0] >= model.config.vocab_size else 0.04)
+
+
+# nanochat's d20 and d32 shapes, the newest generation's architecture (`random:d20` is a Llama of that size).
+RANDOM = RandomWeights(init=init_random, presets={
+    f"nanochat-{name}": {**GENERATIONS[LATEST], "generation": LATEST, "sequence_len": 8192, "vocab_size": 32768,
+                         **shape}
+    for name, shape in (("d20", dict(n_layer=20, n_head=10, n_kv_head=10, n_embd=1280)),
+                        ("d32", dict(n_layer=32, n_head=16, n_kv_head=16, n_embd=2048)))})
