@@ -1,28 +1,30 @@
 /* The prefill's GEMM: Y (T x rows) = X (T x K) W^T over a weight in its block format, with
- * int8 activations, integer dot products and one fp32 scale step per block of 16 or 32 values.
- * #included by qdecode.c after pool.c (it uses QW, the formats of qformats.h and the pool).
+ * integer activations (int16 by default, int8 opt-in), integer dot products and one fp32 scale
+ * step per block of 16 or 32 values. #included by qdecode.c after pool.c (it uses QW, the formats
+ * of qformats.h, act_rows and the pool).
  *
  * Why: MKL's fp32 GEMM on the dequantized matrix was the prefill's ceiling (~815 tok/s on the
- * default model here). AVX-512 VNNI's vpdpbusd does 64 u8 x s8 multiply-adds an instruction
- * where an fp32 FMA does 16 (docs/cpu-prefill.md).
+ * default model here). AVX-512 VNNI's vpdpwssd does 32 int16 multiply-adds an instruction and
+ * vpdpbusd 64 u8 x s8, at one a cycle here, where an fp32 FMA does 16 (docs/cpu-prefill.md).
  *
  * Data, per call:
- *   activations  per token and 32 values: d = amax / 127, qa = round(x / d) in [-127, 127], stored
- *                biased (qa + 128, u8) in groups of 16 tokens: [group][k / 4][16 tokens][4 values],
- *                so one 64-byte load is 4 values of 16 tokens (one int32 lane a token);
- *                with d [group][k / 32][16] and d * sum(qa) [group][k / SUB][16] for the mins.
+ *   activations  per token and 32 values: d = amax / 32767 (int16) or / 127 (int8), qa = round(x / d),
+ *                in groups of 16 tokens so one 64-byte load holds one int32 lane a token:
+ *                int16 [group][k / 2][16 tokens][2 values]; int8 stored biased (qa + 128, u8)
+ *                [group][k / 4][16 tokens][4 values]; with d [group][k / 32][16] and
+ *                d * sum(qa) [group][k / SUB][16] for the mins.
  *   weights      unpacked per block of rows by the thread that computes it, from the file's
- *                bytes: int8 values row-major, and per SUB values (16 or 32) the scale, the min
- *                (value = s * q + m) and -128 * sum(q), which cancels the activations' bias in
- *                the integer sum exactly.
- * So a row r, token t, SUB-block b contributes (float)(sum (qa+128) q - 128 sum q) * (d * s)
- * + (d * sum qa) * m: exact integers, then two fp32 roundings per block in a fixed order (any
- * thread count gives the same bits).
+ *                bytes: int8 values row-major (widened once to int16 for the int16 kernel), and per
+ *                SUB values (16 or 32) the scale, the min (value = s * q + m) and -128 * sum(q),
+ *                which cancels the int8 activations' bias in the integer sum exactly.
+ * So a row r, token t, SUB-block b contributes (float)(sum qa q) * (d * s) + (d * sum qa) * m:
+ * exact integers, then two fp32 roundings per block in a fixed order (any thread count gives the
+ * same bits).
  *
- * Work: one pool phase per call, its blocks are rows (all tokens at once: the block's weights
- * stay in L1 while every token group passes); claimed by compare-and-swap, computed into the
- * thread's own scratch, published by whoever wins the block (pool.c), so a descheduled thread
- * delays nobody. Idle threads spin SPIN_US, then sleep.
+ * Work: one pool phase per call, its blocks are rows; a block's row tiles pass over the tokens
+ * in chunks that stay in L2; claimed by compare-and-swap, computed into the thread's own
+ * scratch, published by whoever wins the block (pool.c), so a descheduled thread delays nobody.
+ * Idle threads spin SPIN_US, then sleep.
  */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(QD_AVX2)
 #define QG_VNNI 1
@@ -39,6 +41,7 @@ typedef struct {
     int nb, rb, t, tp, kind, bits;   /* kind 0: idle, 1: GEMM, 2: quantize x; bits: 8 or 16 */
     const float *x;                  /* kind 2: the input, t x k */
     int k, sub;
+    int glu;                         /* 0, or 1 + act: y = act(y) * (x W^T), y holding the gate's output */
     uint64_t call;
 } GPhase;
 
@@ -410,6 +413,20 @@ static void quant_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
     }
 }
 
+/* y[r] = act(y[r]) * u[r], r < n, each value through act_rows' vector path (its scalar tail
+   would give other bits, and where a block ends depends on the thread count) */
+static void glu_rows(int act, float *y, const float *u, int n) {
+    const int whole = n / 8 * 8;
+    act_rows(act, y, u, 0, whole);
+    if (whole < n) {
+        float ty[8] = {0}, tu[8] = {0};
+        memcpy(ty, y + whole, sizeof(float) * (n - whole));
+        memcpy(tu, u + whole, sizeof(float) * (n - whole));
+        act_rows(act, ty, tu, 0, 8);
+        memcpy(y + whole, ty, sizeof(float) * (n - whole));
+    }
+}
+
 static void gemm_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
     if (p->kind == 2) { quant_block(c, p, b, tid, s); return; }
     const QW *w = &p->w;
@@ -453,7 +470,8 @@ static void gemm_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
     for (int t = 0; t < p->t; t++) {
         float *dst = p->y + (size_t)t * w->rows + r0;
         const float *src = sc->out + (size_t)t * rp;
-        if (w->bias) for (int r = 0; r < rows; r++) dst[r] = src[r] + w->bias[r0 + r];
+        if (p->glu) glu_rows(p->glu - 1, dst, src, rows);   /* the gate's rows, now act(gate) * up */
+        else if (w->bias) for (int r = 0; r < rows; r++) dst[r] = src[r] + w->bias[r0 + r];
         else memcpy(dst, src, sizeof(float) * rows);
     }
     if (pool_published(&c->pool, s, b, p->nb)) {
@@ -532,8 +550,25 @@ void qg_free(void *p) {
 /* y (t x w->rows) = x (t x w->cols) W^T (+ bias), the activations rounded to `bits` (16: as the
    decode step rounds them; 8: llama.cpp's choice). `fresh` 0: x is the input of the previous call
    (same values), already quantized (ignored when t or SUB differ). Returns 0, or -1 (the caller falls back). */
+static int gemm_call(GCtx *c, const QW *w, const float *x, int t, float *y, int fresh, int bits, int glu);
+
 int qg_gemm(void *p, const QW *w, const float *x, int t, float *y, int fresh, int bits) {
-    GCtx *c = p;
+    return gemm_call(p, w, x, t, y, fresh, bits, 0);
+}
+
+/* y (t x rows) = act(x Wg^T) * (x Wu^T): a gated MLP's first half in two phases, the product
+   formed as each up block is published (the gate's output is complete by then), so the MLP's
+   hidden activations are written once and never pass through PyTorch. act: ACT_SILU or
+   ACT_GELU_TANH (the decode step's act_rows). Returns 0, or -1 (the caller runs them apart). */
+int qg_gemm_glu(void *p, const QW *wg, const QW *wu, const float *x, int t, float *y, int fresh, int bits, int act) {
+    if (wg->rows != wu->rows || wg->cols != wu->cols || wg->bias || wu->bias || (act != ACT_SILU && act != ACT_GELU_TANH)
+        || !qg_supports(wg) || !qg_supports(wu))
+        return -1;
+    if (gemm_call(p, wg, x, t, y, fresh, bits, 0) != 0) return -1;
+    return gemm_call(p, wu, x, t, y, 0, bits, 1 + act);
+}
+
+static int gemm_call(GCtx *c, const QW *w, const float *x, int t, float *y, int fresh, int bits, int glu) {
     if (!c || !qg_supports(w) || t < 1 || w->cols > c->k_max || (bits != 8 && bits != 16)) return -1;
     const int sub = qg_sub(w);
     /* rows a block: about 8 blocks a thread, whole kernel tiles, at most QG_RB_MAX */
@@ -548,7 +583,7 @@ int qg_gemm(void *p, const QW *w, const float *x, int t, float *y, int fresh, in
     for (int t0 = 0; t0 < t; t0 += QG_TMAX) {
         const int tn = t - t0 < QG_TMAX ? t - t0 : QG_TMAX, tp = (tn + QG_TOK - 1) / QG_TOK * QG_TOK;
         GPhase ph = {*w, y + (size_t)t0 * w->rows, (w->rows + rb - 1) / rb, rb, tn, tp, 1, bits, NULL, w->cols, sub,
-                     ++c->call};
+                     glu, ++c->call};
         uint64_t s = atomic_load(&c->pool.seq);
         pool_open_begin(&c->pool, s);
         if (fresh) {   /* first a phase that quantizes the input, one token group a block */
