@@ -146,7 +146,7 @@ def test_graph_greedy_equals_eager_for_200_tokens(lm, cfg):
           f"{sum(g == 0 for g in gaps)}/200 steps, free-running tokens first differ at {first_diff}")
     real = bool(os.environ.get("NANOCHAT_TEST_GGUF"))
     # Random weights make near-flat logits: even the plain graph, running eager's own ops,
-    # sits 7 ulps off eager there (tests/gpu_helpers.py: the fused path's measured spread).
+    # sits 7 ulps off eager there (tests/helpers.py: the fused path's measured spread).
     if real:
         assert max(gaps) <= 4
     else:

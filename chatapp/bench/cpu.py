@@ -10,7 +10,11 @@ One run measures, on `--threads N` for both engines:
   load-to-ready time (chatapp/bench/footprint.py), and the converted model's size on disk
   against the GGUF's.
 
-The targets are issue 13's (docs/benchmarks.md).
+The targets are issue 24's (docs/benchmarks.md): the default model (SmolLM2-135M) decodes >= 1.5x
+llama.cpp from empty and >= 2x at depth, every other model >= 1.3x at both; prefill >= 3x;
+decode from empty reaches >= 80% of the read-rate ceiling; the default model's RSS after a turn
+stays <= 392 MB (what it was when issue 24 was filed; other models' RSS is printed, not judged);
+the converted model on disk is <= 1.05x the GGUF.
 """
 
 from __future__ import annotations
@@ -30,9 +34,29 @@ from model.loading import LoadedModel
 from model.loading.gguf import converted_dir
 
 SHORT_PROMPT = 8  # tokens in the cache before the short-context decode starts
-# issue 13's targets: ratios ours / llama.cpp are at least these; RSS (MB) and disk (x GGUF) at most
-TARGETS = {"decode_short": (">=", 1.0), "decode_deep": (">=", 1.5), "prefill": (">=", 3.0),
-           "rss_mb": ("<=", 600.0), "disk_ratio": ("<=", 1.25)}
+DEFAULT_MODEL = "smollm2-135m"   # how the default model's name starts (a GGUF's file name, the pulled folder)
+
+
+def is_default_model(name: str) -> bool:
+    return Path(name).name.lower().startswith(DEFAULT_MODEL)
+
+
+def target_table(default_model: bool) -> dict[str, tuple[str, float] | None]:
+    """Issue 24's targets: ratios ours / llama.cpp and the share of the ceiling at least these, RSS
+    (MB) and disk (x GGUF) at most; None: printed, not judged."""
+    short, deep = (1.5, 2.0) if default_model else (1.3, 1.3)
+    return {"decode_short": (">=", short), "decode_deep": (">=", deep), "prefill": (">=", 3.0),
+            "ceiling": (">=", 0.8), "rss_mb": ("<=", 392.0) if default_model else None,
+            "disk_ratio": ("<=", 1.05)}
+
+
+def target_text(key: str, target: tuple[str, float] | None) -> str:
+    """How the table prints a target: ">= 1.5x", ">= 80%", "<= 392 MB"; "-" when not judged."""
+    if target is None:
+        return "-"
+    op, bound = target
+    return f"{op} {100 * bound:.0f}%" if key == "ceiling" else f"{op} {bound:.0f} MB" if key == "rss_mb" \
+        else f"{op} {bound:g}x"
 
 
 def sources(spec: str, gguf: str | None) -> tuple[str, Path | None, Path | None]:
@@ -92,7 +116,8 @@ def cpu_peer(lm: LoadedModel, spec: str, gguf: str | None, llama_bench: str | No
     torch.set_num_threads(threads)
     depth, pp = min(depth, lm.context_length - tg - 2), min(pp, lm.context_length - 2)
     chat_spec, gguf_path, on_disk = sources(spec, gguf)
-    res: dict = {"threads": threads, "pp": pp, "tg": tg, "depth": depth, "reps": reps, "gguf": str(gguf_path or "")}
+    res: dict = {"threads": threads, "pp": pp, "tg": tg, "depth": depth, "reps": reps, "gguf": str(gguf_path or ""),
+                 "default_model": is_default_model(lm.name)}
     bw = read_bandwidth()
     res["read_bandwidth_gbs"] = bw / 1e9
     res["ours"] = o = ours(lm, pp, tg, depth, reps)
@@ -120,11 +145,16 @@ def cpu_peer(lm: LoadedModel, spec: str, gguf: str | None, llama_bench: str | No
 
 def targets(res: dict) -> dict:
     """Each target with the value it is judged on and whether it is met (None: not measured)."""
-    rss = res.get("headless", {}).get("rss_after_turn_bytes")
-    values = {**res["ratios"], "rss_mb": rss / 1e6 if rss else None, "disk_ratio": res["disk"]["ratio"]}
+    rss, short = res.get("headless", {}).get("rss_after_turn_bytes"), res["ours"]["decode_short"]
+    values = {**res["ratios"], "rss_mb": rss / 1e6 if rss else None, "disk_ratio": res["disk"]["ratio"],
+              "ceiling": short["tok_s"] / short["ceiling_tok_s"] if short.get("ceiling_tok_s") else None}
     out = {}
-    for key, (op, bound) in TARGETS.items():
+    for key, target in target_table(res["default_model"]).items():
         v = values[key]
+        if target is None:
+            out[key] = {"target": None, "value": v, "met": None}
+            continue
+        op, bound = target
         out[key] = {"target": f"{op} {bound}", "value": v,
                     "met": None if v is None else (v >= bound if op == ">=" else v <= bound)}
     return out
@@ -155,25 +185,27 @@ def print_cpu_peer(model: str, note: str, res: dict) -> None:
         r = pick(peer.get("tests", []), kind, n, depth)
         return rate(r) if r else "-"
 
-    def goal(key: str, text: str) -> str:
+    table = target_table(res["default_model"])
+
+    def goal(key: str) -> str:
         met = res["targets"][key]["met"]
-        return text + ("" if met is None else ": met" if met else ": missed")
+        return target_text(key, table[key]) + ("" if met is None else ": met" if met else ": missed")
 
     hl, disk = res.get("headless", {}), res["disk"]
     rss, peer_rss = hl.get("rss_after_turn_bytes"), peer.get("peak_rss_bytes")
     lines = [
         ("metric", "ours", "llama.cpp", "ours/llama.cpp", "target"),
         (f"decode tok/s, tg{tg} from {SHORT_PROMPT} (llama.cpp: 0)", rate(o["decode_short"]),
-         peer_rate("tg", tg, 0), _x(res["ratios"]["decode_short"]), goal("decode_short", ">= 1.0x")),
+         peer_rate("tg", tg, 0), _x(res["ratios"]["decode_short"]), goal("decode_short")),
         (f"decode tok/s, tg{tg} at depth {res['depth']}", rate(o["decode_deep"]),
-         peer_rate("tg", tg, res["depth"]), _x(res["ratios"]["decode_deep"]), goal("decode_deep", ">= 1.5x")),
+         peer_rate("tg", tg, res["depth"]), _x(res["ratios"]["decode_deep"]), goal("decode_deep")),
         (f"prefill tok/s, pp{pp}", rate(o["prefill"]), peer_rate("pp", pp, 0),
-         _x(res["ratios"]["prefill"]), goal("prefill", ">= 3x")),
+         _x(res["ratios"]["prefill"]), goal("prefill")),
         (f"RSS after one turn (ours: headless, context {hl.get('context', '-')}; llama.cpp: llama-bench peak)",
          f"{_mb(rss)} (peak {_mb(hl.get('peak_rss_bytes'))})", _mb(peer_rss), _x(ratio(rss, peer_rss)),
-         goal("rss_mb", "<= 600 MB")),
+         goal("rss_mb")),
         ("size on disk (ours: converted; llama.cpp: the GGUF)", _mb(disk["ours_bytes"]), _mb(disk["gguf_bytes"]),
-         _x(disk["ratio"]), goal("disk_ratio", "<= 1.25x")),
+         _x(disk["ratio"]), goal("disk_ratio")),
         ("load to ready, warm (ours: headless spawn to the ready line)", _f(hl.get("ready_s"), "{:.2f} s"), "-", "-",
          ""),
     ]
@@ -189,7 +221,7 @@ def print_cpu_peer(model: str, note: str, res: dict) -> None:
           f"{o['decode_deep']['ceiling_tok_s']:,.0f} at depth {res['depth']} "
           f"({o['weight_bytes_per_token'] / 1e6:,.0f} MB of weights + {o['kv_bytes_per_token']:,} bytes of K/V "
           f"a token of context); ours reaches {_pct(o['decode_short'])} and {_pct(o['decode_deep'])} of it "
-          "(issue 24: >= 80% short)")
+          f"(target {goal('ceiling')} short)")
 
 
 def _pct(r: dict) -> str:

@@ -140,7 +140,7 @@ def cpu_peer_model(spec: str, args: BenchArgs) -> dict:
 
 def gpu_peer_model(spec: str, gguf: str | None, args: BenchArgs) -> dict:
     lm, note = resolve(spec, load_options(args), args.gguf)
-    res = gpu_peer(lm, gguf, args.llama_bench, args.tg, args.peer_reps)
+    res = gpu_peer(lm, spec, gguf, args.llama_bench, args.tg, args.peer_reps)
     return {"model": lm.name, "spec": spec, "note": note, "device": args.device, "gpu_peer": res}
 
 

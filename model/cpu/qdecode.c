@@ -253,6 +253,7 @@ static float dot_dense(const QW *w, int r, const float *x) {
 }
 
 #include "qformats.h"   /* the GGUF formats read as the file stores them (K_Q5_0 and after) */
+#include "qktree.h"     /* Q4_K, Q5_K, Q6_K: one scale multiply per 16 sums */
 
 static float dot_blocks(const QW *w, int r, const Act *a) {
     if (w->kind >= K_FILE_FIRST) return dot_file(w, r, a);
@@ -405,6 +406,10 @@ static void gemv(const QW *w, const Act *a, float *y, int r0, int r1) {
 #ifdef QD_AVX2
     if ((w->kind == K_Q8 || w->kind == K_Q4) && w->sub == 32)
         for (; r + 2 <= r1; r += 2) rows2(w, r, a, y + r);
+#if defined(QD_VNNI8) && !defined(QD_NO_KTREE)
+    if (ktree_kind(w->kind))
+        for (; r + 2 <= r1; r += 2) dot2_kt(w, r, a, y + r);
+#endif
     if (w->kind >= K_FILE_FIRST)
         for (; r + 2 <= r1; r += 2) dot2_file(w, r, a, y + r);
 #endif

@@ -22,6 +22,7 @@ import torch
 
 from kvcache import KVCache
 from model.decode import triton_available
+from model.decode.capture import capture
 from model.decode.graph_config import GraphConfig
 from model.decode.sampling import DeviceSampler, SamplingConfig
 from model.decode.steps import build_step
@@ -39,7 +40,7 @@ class GraphDecoder:
         self.attn = model.attn if hasattr(model, "attn") else None
         self.logits = step.logits[:vocab_size]
         self.sampler = DeviceSampler(self.logits, step.tok)
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = torch.cuda.graph_pool_handle()  # the prefill graphs share it (decode/generate.py)
         self.host_tok = torch.zeros(1, dtype=torch.long).pin_memory()
         self.events = [torch.cuda.Event() for _ in range(4)]  # a ring: at most two are waited on at once
         self.ahead: tuple[int, int] | None = None   # (pos, tok) of a step launched speculatively
@@ -57,22 +58,12 @@ class GraphDecoder:
         self.name = getattr(step, "name", "graph")
 
     def _capture(self, fn, rng: torch.Generator | None = None) -> torch.cuda.CUDAGraph:
-        c = self.cache
-        if c.free < 1:
+        if self.cache.free < 1:
             raise RuntimeError("cannot capture the decode step with a full cache")
-        graph = torch.cuda.CUDAGraph()
-        if rng is not None and hasattr(graph, "register_generator_state"):
-            graph.register_generator_state(rng)
+        if rng is not None and hasattr(torch.cuda.CUDAGraph, "register_generator_state"):
             self.sampler.gen = rng
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up compiles the kernels; its K/V land past the end
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(graph, pool=self.pool):
-            fn()
-        return graph
+        # two warm-ups compile the kernels; their K/V land past the end (decode/capture.py)
+        return capture(fn, self.cache.device, self.pool, warmups=2, rng=rng)
 
     def _step_and_pick(self) -> None:
         self.step()

@@ -104,7 +104,11 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 
 class GatedMLP(nn.Module):
-    """down(act(gate(x)) * up(x)): Llama's MLP with SiLU (SwiGLU), Gemma's with tanh GELU (GeGLU)."""
+    """down(act(gate(x)) * up(x)): Llama's MLP with SiLU (SwiGLU), Gemma's with tanh GELU (GeGLU).
+
+    A gate that offers `glu(up, x, act_name)` (the CPU's block-format QLinear, in a prefill)
+    forms act(gate(x)) * up(x) in one C call: the activation and the product were 8% of a
+    pp512 on the CPU as separate PyTorch ops."""
 
     def __init__(self, dim: int, hidden: int, act: Callable[[torch.Tensor], torch.Tensor] = F.silu):
         super().__init__()
@@ -114,7 +118,14 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = getattr(self.gate_proj, "glu", None)
+        if fused is not None and (name := ACT_NAMES.get(self.act)) is not None:
+            if (h := fused(self.up_proj, x, name)) is not None:
+                return self.down_proj(h)
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+ACT_NAMES = {F.silu: "silu", gelu_tanh: "gelu_tanh"}   # the activations a fused gated MLP knows
 
 
 class ReLU2(nn.Module):

@@ -14,6 +14,7 @@ from safetensors import SafetensorError, safe_open
 
 from kvcache import Attention
 from model.chat_formats.completion import CompletionFormat
+from model.cpu.hugepages import into_arena, model_linears, own_the_rest
 from model.errors import ModelLoadError
 from model.families.registry import FAMILIES, Family, for_architectures
 from model.files import read_bytes
@@ -84,6 +85,8 @@ def build_model(family: Family, cfg, weights: dict[str, torch.Tensor], opts: Loa
     model.load_state_dict(state, strict=False, assign=True)
     if opts.quantized:
         install(model, packed, weights)
+        if into_arena(model_linears(model)):   # 2 MB pages for the weights a token streams
+            own_the_rest(model)
     elif cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval()
