@@ -1,6 +1,6 @@
 """The portable backend: `flash_attn_with_kvcache` semantics on top of PyTorch SDPA.
 
-Runs anywhere (CPU, any GPU, any dtype). `pos` is the host copy of cache_seqlens for
+Runs anywhere (CPU, any GPU, any dtype). `pos` is the host copy of cache_seqlens (the cache's `seqlen`) for
 batch 1, so slicing the cache needs no device sync on the decode path.
 """
 

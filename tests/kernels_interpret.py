@@ -38,8 +38,8 @@ def main(prompts: list[int], spec: str = "random:tiny") -> None:
                 rows.append(dict(prompt=n, tok=tok, splits=step.decode_attn.splits, block=step.decode_attn.block_n,
                                  rel_err=float((out - ref).norm() / ref.norm()),
                                  argmax_equal=int(out.argmax()) == int(ref.argmax())))
-            k = (cache.k_cache[:, :, :cache.pos] - ref_cache.k_cache[:, :, :cache.pos]).abs().max()
-            v = (cache.v_cache[:, :, :cache.pos] - ref_cache.v_cache[:, :, :cache.pos]).abs().max()
+            k = (cache.k_cache[:, :, :cache.seqlen] - ref_cache.k_cache[:, :, :cache.seqlen]).abs().max()
+            v = (cache.v_cache[:, :, :cache.seqlen] - ref_cache.v_cache[:, :, :cache.seqlen]).abs().max()
             rows[-1]["cache_max_diff"] = float(max(k, v))
     print(json.dumps(rows))
 

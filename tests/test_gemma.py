@@ -79,7 +79,7 @@ def chat_logits(lm, hf, windows: bool = True) -> float:
     cache.rewind(turn2)
     feed(t.user_turn("how are you? 1234"))
     feed(reply())
-    assert cache.pos == len(tokens) > 6 * lm.model.config.sliding_window
+    assert cache.seqlen == len(tokens) > 6 * lm.model.config.sliding_window
     return worst
 
 

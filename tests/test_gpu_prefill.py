@@ -51,7 +51,7 @@ def test_padded_prefill_step_equals_eager_over_a_cache(spec):
         last, logits = torch.tensor([10]), torch.zeros(m.config.vocab_size)
         step = prefill_step_for(m)(m, cache, buf, last, logits)
         got = step()
-        assert cache.pos == 20  # the step leaves the cache to its caller
+        assert cache.seqlen == 20  # the step leaves the cache to its caller
         cache.advance(11)
         assert rel_err(got, want) < 1e-5
         assert torch.allclose(cache.k_cache[:, :, :31], ref.k_cache[:, :, :31], atol=1e-5)
@@ -119,7 +119,7 @@ def test_graph_prefill_equals_one_eager_forward(spec, history, n, step):
     p = history + n
     for a, b in ((graph.cache.k_cache, eager.cache.k_cache), (graph.cache.v_cache, eager.cache.v_cache)):
         assert rel_err(a[:, :, :p], b[:, :, :p]) < 0.1
-    assert graph.cache.pos == eager.cache.pos == p == int(graph.cache.cache_seqlens)
+    assert graph.cache.seqlen == eager.cache.seqlen == p == int(graph.cache.cache_seqlens)
 
 
 @pytest.mark.gpu
@@ -140,7 +140,7 @@ def test_padded_bucket_then_graph_decode_equals_eager(smol):
         g.prefill(hist)
         g.prefill(new)
     assert 128 in graph.prefill_graphs.graphs
-    p = graph.cache.pos
+    p = graph.cache.seqlen
     assert rel_err(graph.cache.k_cache[:, :, :p], eager.cache.k_cache[:, :, :p]) < 0.1   # H200: 3.9e-2
     pad = graph.cache.k_cache[:, :, p:p + 28]
     assert pad.abs().amax(dim=(0, 1, 3, 4)).min() > 0   # every padding row was written

@@ -69,7 +69,7 @@ def variants(lm, cache, args: BenchArgs, peak: float) -> dict[str, list[dict]]:
 def profile(gen: Generator, context: int) -> dict:
     decode_at(gen, min(context, gen.cache.capacity - 8), 2)
     gen.graphs.settle()
-    return {"context": gen.cache.pos, "graph_step_us": graph_step_us(gen.graphs),
+    return {"context": gen.cache.seqlen, "graph_step_us": graph_step_us(gen.graphs),
             "kernels": kernel_table(gen.graphs)}
 
 

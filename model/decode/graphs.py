@@ -9,7 +9,7 @@ One host sync per token: `sample()` copies the token to pinned memory and, befor
 for it, already launches the next step with it (lookahead): its K/V land at cache_seqlens,
 past the cache's end, where nothing reads them (docs/cache-invariant.md). Only `feed()` of
 that same token advances the cache; anything else (a stop token, a rewind, another token)
-just drops the speculative result. So `cache_seqlens == cache.pos` holds at every moment.
+just drops the speculative result. So `cache_seqlens == cache.seqlen` holds at every moment.
 
 Greedy decoding skips the sampler graph: the step graph ends with the argmax itself
 (decode/greedy.py), which leaves the token in the step's input and in a pinned host slot,
@@ -73,11 +73,11 @@ class GraphDecoder:
             greedy_pick(self.logits, self.cache.cache_seqlens, self.step.tok, self.host_picks, self.pdl)
 
     def _replay(self) -> None:
-        """One step at cache_seqlens; its greedy token lands in host slot `cache.pos`."""
+        """One step at cache_seqlens; its greedy token lands in host slot `cache.seqlen`."""
         self.step_graph.replay()
         self.events.append(ev := self.events.pop(0))
         ev.record()
-        self.picked = (self.cache.pos, ev)
+        self.picked = (self.cache.seqlen, ev)
 
     # --- the state the host and the device must agree on -----------------------
     def settle(self) -> None:
@@ -95,7 +95,7 @@ class GraphDecoder:
     def feed(self, tok: int) -> None:
         c = self.cache
         if self.ahead is not None:
-            if self.ahead == (c.pos, tok):  # already computed while the host read the token
+            if self.ahead == (c.seqlen, tok):  # already computed while the host read the token
                 self.ahead = None
                 self._advanced(tok)
                 return
@@ -115,7 +115,7 @@ class GraphDecoder:
         if self.ahead is not None:  # sampled before, never fed: the logits moved on; recompute
             self._refeed_last()
         mode = ("greedy_penalized" if cfg.penalized else "greedy") if cfg.temperature <= 0 else "sample"
-        pos = self.cache.pos
+        pos = self.cache.seqlen
         picked = self.picked if mode == "greedy" and self.picks else None
         if picked is not None and picked[0] == pos - 1:  # the last step already picked it
             done, host = picked[1], self.host_picks[pos - 1:pos]
@@ -139,7 +139,7 @@ class GraphDecoder:
 
     def _refeed_last(self) -> None:
         self.settle()
-        if self.last_tok is None or self.cache.pos < 1:
+        if self.last_tok is None or self.cache.seqlen < 1:
             raise RuntimeError("no logits to sample from: prefill first")
-        self.cache.rewind(self.cache.pos - 1)
+        self.cache.rewind(self.cache.seqlen - 1)
         self.feed(self.last_tok)

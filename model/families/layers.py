@@ -144,8 +144,8 @@ def rope_rows(cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, t: int, step
     """The rotary rows of the `t` new tokens: from the host position, or, in a decode step
     (`step`, model/decode/torch_step.py), from the device one, so no shape or index depends on it."""
     if step is None:
-        return cos[cache.pos:cache.pos + t], sin[cache.pos:cache.pos + t]
-    return cos.index_select(0, step.posl), sin.index_select(0, step.posl)
+        return cos[cache.seqlen:cache.seqlen + t], sin[cache.seqlen:cache.seqlen + t]
+    return cos.index_select(0, step.seqlens_long), sin.index_select(0, step.seqlens_long)
 
 
 class LlamaShaped(nn.Module):

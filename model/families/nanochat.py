@@ -135,10 +135,10 @@ class Nanochat(nn.Module):
 
     def smear_step(self, idx: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, step) -> torch.Tensor:
         """`smear` of one token at the device position: the branch on it is a `where`."""
-        ids.index_copy_(1, step.posl, idx)
-        prev = rms_norm(self.transformer.wte(ids.index_select(1, (step.posl - 1).clamp(min=0))))
+        ids.index_copy_(1, step.seqlens_long, idx)
+        prev = rms_norm(self.transformer.wte(ids.index_select(1, (step.seqlens_long - 1).clamp(min=0))))
         gate = self.smear_lambda.to(x.dtype) * torch.sigmoid(self.smear_gate(x[..., :self.config.smear_channels]))
-        return torch.where(step.pos > 0, x + gate * prev, x)  # the very first token has no previous one
+        return torch.where(step.cache_seqlens > 0, x + gate * prev, x)  # the very first token has no previous one
 
     def forward(self, idx: torch.Tensor, cache: KVCache, last: bool = False, step=None) -> torch.Tensor:
         """`last`: only the last position's logits (a prefill needs no others). `step`: one token
@@ -147,7 +147,7 @@ class Nanochat(nn.Module):
         cfg, t = self.config, idx.shape[1]
         if step is None:
             cache.check_fits(t)  # before anything is written: an overflow leaves the cache as it was
-        pos = cache.pos
+        pos = cache.seqlen
         x = rms_norm(self.transformer.wte(idx))
         # a step's tables cover the whole cache, so no position it reaches can outgrow them
         cos, sin = rope_rows(*self.rope(cache.capacity if step else pos + t, idx.device, x.dtype), cache, t, step)
