@@ -70,7 +70,7 @@ class Attention:
         self.used.add("sdpa")
         if cache.batch_size != 1:
             raise NotImplementedError("the SDPA fallback serves a single-sequence cache (B=1)")
-        return sdpa_with_kvcache(q, k_cache, v_cache, k, v, cache.pos, causal, window_size, softcap)
+        return sdpa_with_kvcache(q, k_cache, v_cache, k, v, cache.seqlen, causal, window_size, softcap)
 
 
     @staticmethod
@@ -82,7 +82,7 @@ class Attention:
         from kvcache.window_attention import window_attention  # lazy: imports triton
 
         k_cache, v_cache = cache.get_layer_cache(layer_idx)
-        pos, tq = cache.pos, q.shape[1]
+        pos, tq = cache.seqlen, q.shape[1]
         if k is not None:
             k_cache[:, pos:pos + tq] = k
             v_cache[:, pos:pos + tq] = v

@@ -36,8 +36,8 @@ class CacheOverflow(RuntimeError):
 class KVCache:
     """K/V for `num_layers` layers, shaped (num_layers, B, T, H, D), allocated once.
 
-    `cache_seqlens` lives on the cache's device (FA3 reads it there); `pos` is its host
-    mirror so that capacity checks never need a device sync.
+    `cache_seqlens` lives on the cache's device (FA3 reads it there); `seqlen` is its host
+    mirror, equal to it at every moment, so that capacity checks never need a device sync.
     """
 
     def __init__(self, batch_size: int, num_heads: int, seq_len: int, head_dim: int,
@@ -46,7 +46,7 @@ class KVCache:
         self.k_cache = zeros(shape, device, dtype)
         self.v_cache = zeros(shape, device, dtype)
         self.cache_seqlens = torch.zeros(batch_size, dtype=torch.int32, device=device)
-        self.pos = 0
+        self.seqlen = 0
         # Per-position model state (e.g. nanochat's previous-token embedding). Indexed by
         # position like K/V, so a rewind restores it for free.
         self.state: dict[str, torch.Tensor] = {}
@@ -57,24 +57,24 @@ class KVCache:
 
     def advance(self, num_tokens: int) -> None:
         self.check_fits(num_tokens)
-        self.pos += num_tokens
+        self.seqlen += num_tokens
         self.cache_seqlens.add_(num_tokens)
 
     def reset(self) -> None:
         self.rewind(0)
 
     # --- what a chat needs on top ---------------------------------------------
-    def rewind(self, pos: int) -> None:
-        """Forget everything at and after `pos`. O(1): the tensors are not touched."""
-        if not 0 <= pos <= self.pos:
-            raise ValueError(f"cannot rewind to {pos}: cache holds {self.pos} tokens")
-        self.pos = pos
-        self.cache_seqlens.fill_(pos)
+    def rewind(self, seqlen: int) -> None:
+        """Keep the first `seqlen` positions, forget the rest. O(1): the tensors are not touched."""
+        if not 0 <= seqlen <= self.seqlen:
+            raise ValueError(f"cannot rewind to {seqlen}: cache holds {self.seqlen} tokens")
+        self.seqlen = seqlen
+        self.cache_seqlens.fill_(seqlen)
 
     def check_fits(self, num_tokens: int) -> None:
-        if self.pos + num_tokens > self.capacity:
+        if self.seqlen + num_tokens > self.capacity:
             raise CacheOverflow(
-                f"KV cache full: {self.pos} + {num_tokens} tokens > capacity {self.capacity}")
+                f"KV cache full: {self.seqlen} + {num_tokens} tokens > capacity {self.capacity}")
 
     def add_state(self, name: str, per_position_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """Allocate a per-position state buffer (B, T, *shape) next to K/V."""
@@ -97,7 +97,7 @@ class KVCache:
 
     @property
     def free(self) -> int:
-        return self.capacity - self.pos
+        return self.capacity - self.seqlen
 
     @property
     def device(self) -> torch.device:
@@ -123,4 +123,4 @@ class KVCache:
 
     @property
     def bytes_used(self) -> int:
-        return self.bytes_per_token * self.pos
+        return self.bytes_per_token * self.seqlen

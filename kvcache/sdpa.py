@@ -1,6 +1,6 @@
 """The portable backend: `flash_attn_with_kvcache` semantics on top of PyTorch SDPA.
 
-Runs anywhere (CPU, any GPU, any dtype). `pos` is the host copy of cache_seqlens for
+Runs anywhere (CPU, any GPU, any dtype). `pos` is the host copy of cache_seqlens (the cache's `seqlen`) for
 batch 1, so slicing the cache needs no device sync on the decode path.
 """
 
@@ -71,6 +71,26 @@ def sdpa_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return out.transpose(1, 2)
 
 
+_CHUNK_MASKS: dict[tuple[int, int, int, int], torch.Tensor] = {}
+
+
+def _chunk_mask(q0: int, n: int, lo: int, window_left: int) -> torch.Tensor:
+    """The additive (0 / -inf) mask of queries q0..q0+n over keys lo..q0+n, made once: every
+    layer of a prefill asks for the same few, and building them (arange, compare, then SDPA's own
+    bool-to-float conversion) was ~3% of a one-thread pp512."""
+    key = (q0, n, lo, window_left)
+    if (mask := _CHUNK_MASKS.get(key)) is None:
+        if len(_CHUNK_MASKS) >= 512:
+            _CHUNK_MASKS.clear()
+        qpos = torch.arange(q0, q0 + n)[:, None]
+        kpos = torch.arange(lo, q0 + n)[None, :]
+        seen = kpos <= qpos
+        if window_left >= 0:
+            seen &= kpos >= qpos - window_left
+        mask = _CHUNK_MASKS[key] = torch.zeros(seen.shape).masked_fill_(~seen, float("-inf"))
+    return mask
+
+
 def _cpu_chunks(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, pos: int, window_left: int, scale: float,
                 gqa: bool) -> torch.Tensor:
     """Causal attention of (1, H, Tq, D) queries at pos.. in chunks, each over only the keys
@@ -80,11 +100,7 @@ def _cpu_chunks(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, pos: int, 
         n = min(CPU_QUERY_CHUNK, tq - i)
         hi = pos + i + n
         lo = max(0, pos + i - window_left) if window_left >= 0 else 0
-        qpos = torch.arange(pos + i, hi)[:, None]
-        kpos = torch.arange(lo, hi)[None, :]
-        mask = kpos <= qpos
-        if window_left >= 0:
-            mask &= kpos >= qpos - window_left
+        mask = _chunk_mask(pos + i, n, lo, window_left).to(qh.dtype)
         outs.append(F.scaled_dot_product_attention(qh[:, :, i:i + n], kh[:, :, lo:hi], vh[:, :, lo:hi], attn_mask=mask,
                                                    scale=scale, enable_gqa=gqa))
     return torch.cat(outs, 2)

@@ -38,8 +38,8 @@ def main(prompts: list[int], spec: str = "random:tiny") -> None:
                 rows.append(dict(prompt=n, tok=tok, splits=step.decode_attn.splits, block=step.decode_attn.block_n,
                                  rel_err=float((out - ref).norm() / ref.norm()),
                                  argmax_equal=int(out.argmax()) == int(ref.argmax())))
-            k = (cache.k_cache[:, :, :cache.pos] - ref_cache.k_cache[:, :, :cache.pos]).abs().max()
-            v = (cache.v_cache[:, :, :cache.pos] - ref_cache.v_cache[:, :, :cache.pos]).abs().max()
+            k = (cache.k_cache[:, :, :cache.seqlen] - ref_cache.k_cache[:, :, :cache.seqlen]).abs().max()
+            v = (cache.v_cache[:, :, :cache.seqlen] - ref_cache.v_cache[:, :, :cache.seqlen]).abs().max()
             rows[-1]["cache_max_diff"] = float(max(k, v))
     print(json.dumps(rows))
 
@@ -155,10 +155,10 @@ def prefill_cases() -> None:
     from model.decode.steps import family_name
     from model.families.llama import LlamaConfig
     from model.loading import LoadOptions
-    from model.loading.random import random_llama
+    from model.loading.random import random_model
 
     # 6 query + 2 key + 2 value heads: 10 head slots in a 16-row tile (SmolLM2 has 15)
-    odd = random_llama(LlamaConfig(vocab_size=512, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+    odd = random_model(LlamaConfig(vocab_size=512, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                                    num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128),
                        LoadOptions())
     rows = []

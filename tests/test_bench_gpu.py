@@ -40,7 +40,7 @@ def test_gpu_peer_runs_llama_bench_with_cuda_flags_and_takes_ratios(tmp_path, ca
             "eager512": {"pp512": {"tok_s": 25000.0}, "pp8192": {"tok_s": 25000.0}},
             "decode": {"0": 2500.0, "deep": 2000.0, "deep_at": 8126}, "engine": "fused", "prefill_engine": "graphs",
             "backend": "fa3", "turn": {"turn": 100, "history": 4000, "ttft_ms": 3.2},
-            "memory": {"peak_bytes": 5e8, "bound_bytes": 8e8}}
+            "memory": {"peak_bytes": 5e8, "peak_allocated_bytes": 4e8, "bound_bytes": 8e8}}
     res = compare(ours, peer, 64, 2, "m.gguf")
     assert res["ratios"] == pytest.approx({"pp512": 3.0, "pp8192": 8.0, "tg_d0": 2500 / 900, "tg_d8192": 2.5})
     print_gpu_peer("SmolLM2 shape", "", res)

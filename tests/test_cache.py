@@ -26,16 +26,16 @@ def test_advance_rewind_reset_and_bytes():
     per_token = 2 * 4 * 3 * 8 * 4
     assert c.bytes_allocated == per_token * 32 and c.bytes_used == 0
     c.advance(10)
-    assert c.pos == 10 and int(c.cache_seqlens[0]) == 10 and c.free == 22
+    assert c.seqlen == 10 and int(c.cache_seqlens[0]) == 10 and c.free == 22
     assert c.bytes_used == per_token * 10
     c.k_cache.fill_(1.0)
     c.rewind(4)
-    assert c.pos == 4 and int(c.cache_seqlens[0]) == 4
+    assert c.seqlen == 4 and int(c.cache_seqlens[0]) == 4
     assert bool((c.k_cache == 1.0).all())  # O(1): the tensors are not touched
     with pytest.raises(ValueError):
         c.rewind(5)
     c.reset()
-    assert c.pos == 0 and int(c.cache_seqlens[0]) == 0 and c.capacity == 32
+    assert c.seqlen == 0 and int(c.cache_seqlens[0]) == 0 and c.capacity == 32
 
 
 def test_overflow_is_clear_and_changes_nothing():
@@ -43,7 +43,7 @@ def test_overflow_is_clear_and_changes_nothing():
     c.advance(6)
     with pytest.raises(CacheOverflow, match="6 \\+ 3 tokens > capacity 8"):
         c.advance(3)
-    assert c.pos == 6 and int(c.cache_seqlens[0]) == 6
+    assert c.seqlen == 6 and int(c.cache_seqlens[0]) == 6
 
 
 def test_state_buffers_count_in_bytes():

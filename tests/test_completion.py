@@ -51,7 +51,7 @@ def test_a_base_model_continues_one_document_with_the_cache_kept(gguf_dir, home)
     nl = lm.tokenizer.encode("\n")
     texts = ["hello world, what is", "the capital of France?"]
     for text in texts:
-        before = s.cache.pos
+        before = s.cache.seqlen
         (st,) = [e for e in s.send(text) if isinstance(e, TurnStats)]
         assert_invariant(s)
         ex = s.exchanges[-1]
@@ -60,7 +60,7 @@ def test_a_base_model_continues_one_document_with_the_cache_kept(gguf_dir, home)
         assert st.cached_before == before  # the document so far stays cached: only what is new is prefilled
     doc = lm.tokenizer.decode(s.tokens[1:])
     assert doc == f"{texts[0]}{s.exchanges[0].reply}\n{texts[1]}{s.exchanges[1].reply}\n"
-    assert s.cache.pos > len(lm.tokenizer.encode(texts[0]))
+    assert s.cache.seqlen > len(lm.tokenizer.encode(texts[0]))
     list(ChatKeeper(s, None).run_command("/retry"))
     assert_invariant(s)
     assert doc.startswith(lm.tokenizer.decode(s.tokens[1:s.exchanges[-1].reply_start]))
@@ -95,14 +95,14 @@ async def test_the_panel_and_the_picker_say_completion_mode(gguf_dir, home):
         await submit(pilot, "/retry")
         assert_invariant(app.session)
         assert app.transcript.exchanges[-1].reply is not None
-        pos, chat_id = app.session.cache.pos, app.keeper.chat_id
+        pos, chat_id = app.session.cache.seqlen, app.keeper.chat_id
 
     again = ChatApp(chat_parser().parse_args(["--model", str(gguf_dir / "tiny-base.gguf"), "--chat", str(chat_id),
                                               "--temperature", "0", "--max-new-tokens", "4"]))
     async with again.run_test(size=(120, 40)) as pilot:  # the store keeps a document like a chat
         await ready(pilot)
         s = again.session
-        assert again.keeper.restored.line == f"restored {pos} tokens from snapshot" and s.cache.pos == pos
+        assert again.keeper.restored.line == f"restored {pos} tokens from snapshot" and s.cache.seqlen == pos
         assert again.panel.row("mode").value == "completion (base model)"
         assert_invariant(s)
         await submit(pilot, " and more")

@@ -113,7 +113,7 @@ def test_refusals_say_why_in_one_line_and_change_nothing(tiny, store):
     assert edit(k, "/edit 1 hi") == [Error("/edit: no message to edit yet")]
     talk(k, "one", "two")
     s = k.session
-    before = (list(s.tokens), s.cache.pos, [c.id for c in store.list()])
+    before = (list(s.tokens), s.cache.seqlen, [c.id for c in store.list()])
     cases = {"/edit": "/edit needs an argument: /edit N TEXT",
              "/edit 3 hi": "/edit: no message 3; this chat has messages 1-2",
              "/edit 0 hi": "/edit: no message 0; this chat has messages 1-2",
@@ -124,7 +124,7 @@ def test_refusals_say_why_in_one_line_and_change_nothing(tiny, store):
         assert edit(k, line) == [Error(message)], line
     (err,) = edit(k, "/edit 1 " + "long " * 200)
     assert err.message.startswith("message too long: ")
-    assert (list(s.tokens), s.cache.pos, [c.id for c in store.list()]) == before  # no branch either
+    assert (list(s.tokens), s.cache.seqlen, [c.id for c in store.list()]) == before  # no branch either
 
 
 def test_a_message_trimmed_out_of_the_context_is_refused(tiny):
@@ -158,7 +158,7 @@ def test_the_old_continuation_is_a_stored_chat_that_opens_from_its_shared_snapsh
     k = chat_of(tiny, store)
     talk(k, "one", "two", "three")
     old = [(ex.user, ex.reply) for ex in k.session.exchanges]
-    chat_id, old_pos = k.chat_id, k.session.cache.pos
+    chat_id, old_pos = k.chat_id, k.session.cache.seqlen
     branched, state, st = edit(k, "/edit 2 deux")
     assert isinstance(branched, Branched) and branched.chat == chat_id and branched.branch != chat_id
     assert branched.title == "one (branch from #1, message 2)" == store.get(branched.branch).title

@@ -131,7 +131,7 @@ def test_incremental_logits_over_retry_and_undo(variant):
     cache.rewind(turn2)
     feed(t.user_turn("how are you? 1234"))
     feed(reply())
-    assert cache.pos == len(tokens) and worst <= 1e-4
+    assert cache.seqlen == len(tokens) and worst <= 1e-4
 
 
 def test_greedy_chat_equals_generate(variant):

@@ -21,7 +21,7 @@ from kvcache import KVCache
 from model.decode.torch_step import TorchStep
 from model.errors import ModelLoadError
 from model.families.gemma import SLIDING
-from model.loading import load_model
+from model.loading import LoadOptions, load_model
 
 transformers = pytest.importorskip("transformers")
 render = pytest.importorskip("transformers.utils.chat_template_utils").render_jinja_template
@@ -79,7 +79,7 @@ def chat_logits(lm, hf, windows: bool = True) -> float:
     cache.rewind(turn2)
     feed(t.user_turn("how are you? 1234"))
     feed(reply())
-    assert cache.pos == len(tokens) > 6 * lm.model.config.sliding_window
+    assert cache.seqlen == len(tokens) > 6 * lm.model.config.sliding_window
     return worst
 
 
@@ -241,3 +241,27 @@ def test_the_cache_holds_every_layer_and_position(plain):
     m = load_model(str(plain[0])).model
     cache = m.new_cache(100)
     assert isinstance(cache, KVCache) and cache.shape == (6, 1, 100, 2, 16)
+
+
+def test_the_family_works_without_its_fast_paths(tmp_path, plain, monkeypatch):
+    """docs/families.md: Gemma's fused GPU step, its captured prefill and the CPU's C step are
+    extras in model/decode/steps.py; with none of them a quantized Gemma replies through its own
+    forward, greedily as transformers does on the same dequantized weights."""
+    from model.decode import steps
+
+    hf, path = plain[1], write_gguf(tmp_path / "q8.gguf", plain[1], Q.Q8_0)
+    quantized = LoadOptions(quantized=True)   # QLinears: what the C step serves
+    assert Session(load_model(str(path), quantized), Settings()).gen.cpu_step is not None   # the control
+    for table in (steps.FUSED_STEPS, steps.PREFILL_STEPS):
+        monkeypatch.delitem(table, "gemma3")
+    monkeypatch.setattr(steps, "CPU_STEPS", steps.CPU_STEPS - {"gemma3"})
+    s = Session(load_model(str(path), quantized), Settings(temperature=0.0, max_new_tokens=8), context=256)
+    assert s.gen.cpu_step is None
+    list(s.send("the capital of France?"))
+    ex = s.exchanges[-1]
+    mine = s.tokens[ex.reply_start:ex.end - len(s.lm.template.end_reply())]
+    with torch.no_grad():
+        out = dequantized(hf, Q.Q8_0).generate(torch.tensor([s.tokens[:ex.reply_start]]), do_sample=False,
+                                               max_new_tokens=len(mine) + 1, pad_token_id=0,
+                                               eos_token_id=sorted(s.lm.template.stop_ids))[0, ex.reply_start:]
+    assert mine and out.tolist()[:len(mine)] == mine

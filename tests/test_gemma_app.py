@@ -76,6 +76,6 @@ async def test_the_app_chats_with_a_tiny_gemma(tmp_path):
         assert s.tokens[ex.reply_start:].count(s.lm.tokenizer.token("<end_of_turn>")) == 1   # closed once
         assert len(s.tokens) - ex.reply_start == 8 + len(s.template.end_reply())             # 8 tokens written
         assert replies(app) == [ex.reply.strip()]   # the transcript shows them (a tiny model writes blank lines)
-        assert row(app, "cache_seqlens") == f"{s.cache.pos} / 256"
+        assert row(app, "cache_seqlens") == f"{s.cache.seqlen} / 256"
         assert row(app, "shape") == "6×1×256×2×16"
         assert s.tokens[:2] == [s.lm.tokenizer.token("<bos>"), s.lm.tokenizer.token("<start_of_turn>")]

@@ -50,11 +50,11 @@ def test_device_position_step_matches_eager_forward(spec):
             ref = m(torch.tensor([[t]]), ref_cache)[0, -1]
             step.tok.fill_(t)
             out = step()
-            assert int(cache.cache_seqlens) == cache.pos  # the step itself leaves the cache alone
+            assert int(cache.cache_seqlens) == cache.seqlen  # the step itself leaves the cache alone
             cache.advance(1)
             assert rel_err(out[:ref.shape[0]], ref) < 1e-5
-            assert int(cache.cache_seqlens) == cache.pos == ref_cache.pos
-    n = ref_cache.pos
+            assert int(cache.cache_seqlens) == cache.seqlen == ref_cache.seqlen
+    n = ref_cache.seqlen
     assert torch.allclose(cache.k_cache[:, :, :n], ref_cache.k_cache[:, :, :n], atol=1e-5)
     assert torch.allclose(cache.v_cache[:, :, :n], ref_cache.v_cache[:, :, :n], atol=1e-5)
 
@@ -230,7 +230,7 @@ def test_pdl_changes_timing_not_results(lm):
         assert gen.graphs.name.endswith("+pdl") == pdl
         toks = greedy(gen, chat_prompt(lm), 80)
         c = gen.cache
-        runs.append((toks, gen.logits.clone(), c.k_cache[:, :, :c.pos].clone(), c.v_cache[:, :, :c.pos].clone()))
+        runs.append((toks, gen.logits.clone(), c.k_cache[:, :, :c.seqlen].clone(), c.v_cache[:, :, :c.seqlen].clone()))
     (t0, l0, k0, v0), (t1, l1, k1, v1) = runs
     assert t0 == t1
     assert torch.equal(l0, l1) and torch.equal(k0, k1) and torch.equal(v0, v1)
@@ -295,7 +295,7 @@ def assert_cache_holds(lm, session: Session) -> None:
     the K/V an eager prefill of tokens[:pos] computes, up to bf16 rounding (a stale or
     misplaced entry is off by about its whole size; rounding reached 11% on random weights
     and stayed under 10% on the real SmolLM2)."""
-    n = session.cache.pos
+    n = session.cache.seqlen
     ref = lm.model.new_cache(session.cache.capacity)
     Generator(lm.model, ref, lm.tokenizer.vocab_size, graphs=None).prefill(session.tokens[:n])
     for got, want in ((session.cache.k_cache, ref.k_cache), (session.cache.v_cache, ref.v_cache)):
@@ -356,7 +356,7 @@ def test_lookahead_recovers_when_the_sampled_token_is_not_fed(lm):
     gen.feed(other)                                 # not the token the lookahead step used
     eager.feed(other)
     assert gen.sample() == eager.sample()
-    assert gen.cache.pos == eager.cache.pos == len(prompt) + 1
+    assert gen.cache.seqlen == eager.cache.seqlen == len(prompt) + 1
 
 
 @pytest.mark.gpu
@@ -461,7 +461,7 @@ def test_gemma3_graph_step_sees_exactly_its_window(fused):
     gen.configure(SamplingConfig(temperature=0.0))
     gen.prefill(ids)
     tok = gen.sample()
-    pos, cache, windowed = gen.cache.pos, gen.cache, [i for i, t in enumerate(c.layer_types) if t == SLIDING]
+    pos, cache, windowed = gen.cache.seqlen, gen.cache, [i for i, t in enumerate(c.layer_types) if t == SLIDING]
 
     def step_with(poison_to: int | None) -> torch.Tensor:
         cache.rewind(pos)

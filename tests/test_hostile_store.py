@@ -69,7 +69,7 @@ def test_export_refuses_devices_and_keeps_no_partial_file_on_a_full_disk(session
 
 
 def segment_with_extra_tensor(session, folder, ident):
-    seg = write_segment(folder, session.cache, 0, session.cache.pos, session.tokens, ident)
+    seg = write_segment(folder, session.cache, 0, session.cache.seqlen, session.tokens, ident)
     tensors = {"k": session.cache.k_cache[:, :, :seg.end].contiguous(),
                "v": session.cache.v_cache[:, :, :seg.end].contiguous(), "extra": torch.zeros(1 << 16)}
     meta = {"format": FORMAT, "start": "0", "end": str(seg.end), "prefix": seg.prefix,

@@ -212,3 +212,21 @@ def test_no_python_file_in_chatapp_or_model_over_300_lines():
     long = {str(p.relative_to(ROOT)): n for pkg in ("chatapp", "model") for p in (ROOT / pkg).rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 300}
     assert long == {}
+
+
+# Who may import a family's own file (model/families/<family>.py) by name: the registry, and the
+# few readers of a format only that family has. Everything else reaches a family through its
+# registry entry, so a new family is its file plus its entry (docs/families.md).
+FAMILY_FILE_READERS = {
+    "model.loading.nanochat": "nanochat's checkpoint format (model_*.pt, meta_*.json) is nanochat's alone",
+    "model.loading.nanochat_detect": "the same: which nanochat generation a checkpoint is",
+    "chatapp.bench.peer": "the bench's transformers twin of a model, built from the module's own fields",
+}
+
+
+def test_a_family_is_its_file_and_its_registry_entry():
+    families = {m for m in modules() if m.startswith("model.families.")
+                and m.rsplit(".", 1)[1] not in ("registry", "declare", "layers")}
+    assert {"model.families.gemma", "model.families.llama", "model.families.nanochat"} <= families
+    readers = {a for a, bs in graph().items() if bs & families and not a.startswith("model.families")}
+    assert readers == set(FAMILY_FILE_READERS)

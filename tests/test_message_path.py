@@ -17,3 +17,19 @@ def test_the_tracer_lists_the_files_a_headless_turn_runs(tmp_path, monkeypatch):
             "kvcache/attention.py", "chatapp/headless.py"} <= files
     assert "chatapp/bench/message_path.py" not in files and not any(f.startswith("tests/") for f in files)
     assert result["files"] == len(files) == sum(result["by_folder"].values())
+
+
+def test_the_tracer_follows_a_tui_turn_into_the_worker_thread(tmp_path, monkeypatch):
+    """Enter pressed in the real app: the keys' handling, the turn worker's session and model,
+    and the widgets that draw the reply are all counted (the worker runs on another thread)."""
+    from chatapp.bench.message_path import main
+
+    monkeypatch.setenv("NANOCHAT_TUI_HOME", str(tmp_path))
+    out = io.StringIO()
+    assert main(["--model", "random:tiny", "--tui"], out=out) == 0
+    result = json.loads(out.getvalue().splitlines()[-1])
+    files = set(result["calls"])
+    assert result["face"] == "tui" and "chatapp/headless.py" not in files
+    assert {"chatapp/tui/input.py", "chatapp/tui/bridge.py", "chatapp/tui/transcript.py",
+            "chatapp/tui/cache_panel.py", "chatapp/chat/session.py", "model/decode/generate.py",
+            "kvcache/cache.py"} <= files

@@ -80,7 +80,7 @@ def test_resume_reopens_the_chat_on_its_own_model(pulled, tmp_path, monkeypatch)
     k = open_keeper(open_session(again), again)
     assert k.session.lm.name == gemma_name and k.session.settings.model == "gemma3-270m"
     assert k.session.settings.top_k == 7  # the flags typed go to the session the chat opened on
-    assert k.restored.detail == "" and k.restored.restored_tokens == k.session.cache.pos > 0  # its own snapshot
+    assert k.restored.detail == "" and k.restored.restored_tokens == k.session.cache.seqlen > 0  # its own snapshot
     assert k.session.settings.system is None  # the default system prompt stays the model's
     talk(k, "and again")
 

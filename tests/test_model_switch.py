@@ -67,7 +67,7 @@ def test_the_chat_carries_over_and_the_next_reply_is_a_fresh_sessions(tiny, qwen
     progress = [e for e in events if isinstance(e, Prefilling)]
     s = k.session
     assert s.lm is qwen3 and done.previous == "random:tiny" and done.exchanges == 2
-    assert progress[0].done == 0 and progress[-1].done == progress[-1].total == len(s.tokens) == s.cache.pos
+    assert progress[0].done == 0 and progress[-1].done == progress[-1].total == len(s.tokens) == s.cache.seqlen
     assert [ex.user for ex in s.exchanges] == users and s.system == qwen3.template.default_system
     assert_invariant(s)
     assert_transcript(s)
@@ -83,16 +83,16 @@ def test_the_chat_carries_over_and_the_next_reply_is_a_fresh_sessions(tiny, qwen
     assert_invariant(s)
 
     k2, r = reopen(qwen3, store, chat_id)  # reopened on the new model: from its snapshot
-    assert r.restored_tokens == s.cache.pos and r.reprefilled_tokens == 0
+    assert r.restored_tokens == s.cache.seqlen and r.reprefilled_tokens == 0
     k3, r = reopen(tiny, store, chat_id)  # a window on the old model: the chat brings its own model back
     assert k3.session.lm.name == "random:tiny-qwen3" and k3.session.settings.model == "random:tiny-qwen3"
-    assert r.restored_tokens == s.cache.pos and r.reprefilled_tokens == 0
+    assert r.restored_tokens == s.cache.seqlen and r.reprefilled_tokens == 0
 
 
 def test_a_model_that_fails_leaves_the_model_and_the_chat_as_they_were(tiny, store):
     k = keeper_on(tiny, store, context=512, system="x " * 200)
     talk(k, "keep me")
-    s, tokens, pos, stored = k.session, list(k.session.tokens), k.session.cache.pos, store.get(k.chat_id)
+    s, tokens, pos, stored = k.session, list(k.session.tokens), k.session.cache.seqlen, store.get(k.chat_id)
     for spec, why in (("no/such/model", "could not load no/such/model (model not found"),
                       ("random:nope", "could not load random:nope (unknown random preset"),
                       ("random:tiny-qwen3", "random:tiny-qwen3 cannot take this chat (the system prompt")):
@@ -101,7 +101,7 @@ def test_a_model_that_fails_leaves_the_model_and_the_chat_as_they_were(tiny, sto
             s.context = 300
         errors = [e for e in k.run_command(f"/model {spec}") if isinstance(e, Error)]
         assert len(errors) == 1 and why in errors[0].message and errors[0].message.endswith("still on random:tiny")
-        assert k.session is s and s.tokens == tokens and s.cache.pos == pos
+        assert k.session is s and s.tokens == tokens and s.cache.seqlen == pos
         assert store.get(k.chat_id).messages == stored.messages and store.get(k.chat_id).model == "random:tiny"
     assert_invariant(s)
     talk(k, "still here")

@@ -67,7 +67,7 @@ def incremental(model, ids: torch.Tensor, capacity: int = 192) -> torch.Tensor:
         feed(i, i + 1)
     feed(140, 150)
     feed(150, len(ids))
-    assert cache.pos == len(ids)
+    assert cache.seqlen == len(ids)
     return out
 
 
@@ -169,4 +169,4 @@ def test_overflow_leaves_cache_and_smear_state_untouched():
         state = cache.state[TOKENS_STATE].clone()
         with pytest.raises(RuntimeError, match="full"):
             model(ids[None, 30:50], cache)
-    assert cache.pos == 30 and torch.equal(cache.state[TOKENS_STATE], state)
+    assert cache.seqlen == 30 and torch.equal(cache.state[TOKENS_STATE], state)

@@ -55,7 +55,7 @@ def test_a_failure_after_the_adopt_step_puts_the_old_chat_back_with_its_id(tiny,
     other = chat_with(keeper_on(tiny, store), "the other chat")
     k = keeper_on(tiny, store)
     mine = chat_with(k, "mine", "mine again")
-    tokens, pos = list(k.session.tokens), k.session.cache.pos
+    tokens, pos = list(k.session.tokens), k.session.cache.seqlen
     want_other, want_mine = stored_pairs(store, other), stored_pairs(store, mine)
     # fault injection: the prefill after the adopt step runs out of memory (the real one can)
     real = k.session.gen.prefill
@@ -71,7 +71,7 @@ def test_a_failure_after_the_adopt_step_puts_the_old_chat_back_with_its_id(tiny,
     errors = [e.message for e in events if isinstance(e, Error)]
     assert len(errors) == 1 and "out of memory" in errors[0] and f"still in chat #{mine}" in errors[0]
     assert k.chat_id == mine and k.session.tokens == tokens
-    assert k.session.cache.pos == pos  # the old chat's K/V came back from its own snapshot
+    assert k.session.cache.seqlen == pos  # the old chat's K/V came back from its own snapshot
     assert_invariant(k.session)
     chat_with(k, "after the failure")
     assert stored_pairs(store, other) == want_other

@@ -166,7 +166,7 @@ def test_prefill_through_the_gemm_then_decode_picks_the_references_tokens(mixed_
                     gen.feed(tok)
         assert got == want
     assert calls   # the prefill really went through the GEMM
-    assert gq.cache.pos == gr.cache.pos
+    assert gq.cache.seqlen == gr.cache.seqlen
 
 
 def test_a_weight_the_gemm_does_not_serve_falls_back():
@@ -194,8 +194,8 @@ def test_a_chat_with_retry_and_undo_matches_the_reference_over_the_gemm_prefill(
                        ("send", "world hello")]:
         for sess in (s, r):
             list(sess.send(text) if kind == "send" else ChatKeeper(sess, None).run_command(text))
-        assert s.tokens == r.tokens and s.cache.pos == r.cache.pos
-        pos = s.cache.pos
+        assert s.tokens == r.tokens and s.cache.seqlen == r.cache.seqlen
+        pos = s.cache.seqlen
         fresh = s.lm.model.new_cache(s.cache.capacity)
         with torch.no_grad():
             s.lm.model(torch.tensor([s.tokens[:pos]]), fresh)

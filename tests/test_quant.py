@@ -168,7 +168,7 @@ def test_cpu_step_follows_the_reference_through_retry_and_undo(mixed_gguf, home)
             with torch.no_grad():
                 b = ref.model(torch.tensor([[tok]]), rc)[0, -1]
             assert_close_logits(step(tok), b)
-        assert qc.pos == rc.pos == int(qc.cache_seqlens[0])
+        assert qc.seqlen == rc.seqlen == int(qc.cache_seqlens[0])
 
     prefill(turn1)
     decode(reply)
@@ -184,7 +184,7 @@ def test_cpu_step_follows_the_reference_through_retry_and_undo(mixed_gguf, home)
     fresh = ref.model.new_cache(128)
     with torch.no_grad():
         ref.model(torch.tensor([tokens]), fresh)
-    n = qc.pos
+    n = qc.seqlen
     assert n == len(tokens)
     torch.testing.assert_close(qc.k_cache[:, :, :n].float(), fresh.k_cache[:, :, :n], atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(qc.v_cache[:, :, :n].float(), fresh.v_cache[:, :, :n], atol=2e-2, rtol=2e-2)
@@ -205,7 +205,7 @@ def test_threads_agree(mixed_gguf, home):
 def assert_quantized_invariant(s: Session) -> None:
     """The cache holds tokens[:pos]: what a fresh prefill of them writes, to fp16 and the
     decode step's int16 activations (the C step wrote most of these positions)."""
-    pos = s.cache.pos
+    pos = s.cache.seqlen
     fresh = s.lm.model.new_cache(s.cache.capacity)
     with torch.no_grad():
         s.lm.model(torch.tensor([s.tokens[:pos]]), fresh)
@@ -224,7 +224,7 @@ def test_quantized_session_chats_with_retry_and_undo(mixed_gguf, home):
         for sess in (s, r):
             list(sess.send(text) if kind == "send" else ChatKeeper(sess, None).run_command(text))
         assert_quantized_invariant(s)
-        assert s.tokens == r.tokens and s.cache.pos == r.cache.pos
+        assert s.tokens == r.tokens and s.cache.seqlen == r.cache.seqlen
 
 
 CORRUPT = {"repacked": ("model.layers.0.self_attn.k_proj.weight.scale", r"\(mins are"),   # Q4_1

@@ -28,14 +28,14 @@ def test_a_client_sending_back_the_chat_prefills_only_the_new_message(session):
     assert_transcript(session)
     for i in range(3):
         msgs += [{"role": "assistant", "content": session.turn_stats[-1].reply}, {"role": "user", "content": f"q{i}"}]
-        pos, pending = session.cache.pos, len(session.tokens) - session.cache.pos
+        pos, pending = session.cache.seqlen, len(session.tokens) - session.cache.seqlen
         st = turn_of(session.respond_to(msgs))
         assert st.cached_before == pos  # the whole history reused
         assert st.prefill_tokens == pending + len(session.template.user_turn(f"q{i}"))
         assert_invariant(session)
         assert_transcript(session)
     # a following send continues the same chat
-    pos = session.cache.pos
+    pos = session.cache.seqlen
     st = turn_of(session.send("and now?"))
     assert st.cached_before == pos and len(session.exchanges) == 5
     assert_invariant(session)
@@ -82,9 +82,9 @@ def test_a_new_system_prompt_recomputes_from_the_start(session):
 ])
 def test_bad_message_lists_are_one_line_errors_and_change_nothing(session, messages, why):
     turn_of(session.send("hello"))
-    before = (list(session.tokens), session.cache.pos, [ex.user for ex in session.exchanges], session.system)
+    before = (list(session.tokens), session.cache.seqlen, [ex.user for ex in session.exchanges], session.system)
     events = list(session.respond_to(messages))
     assert len(events) == 1 and isinstance(events[0], Error) and why in events[0].message
-    assert (list(session.tokens), session.cache.pos, [ex.user for ex in session.exchanges],
+    assert (list(session.tokens), session.cache.seqlen, [ex.user for ex in session.exchanges],
             session.system) == before
     assert_invariant(session)

@@ -89,7 +89,7 @@ def test_router_overflow_leaves_cache_untouched():
     before = cache.k_cache.clone()
     with pytest.raises(CacheOverflow, match="capacity 8"):
         cache.check_fits(3)
-    assert cache.pos == 6 and int(cache.cache_seqlens[0]) == 6
+    assert cache.seqlen == 6 and int(cache.cache_seqlens[0]) == 6
     assert torch.equal(cache.k_cache, before)
 
 

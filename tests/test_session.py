@@ -20,7 +20,7 @@ def turn_of(events) -> TurnStats:
 
 def assert_invariant(s: Session):
     """The cache holds exactly tokens[:pos]: compare it with a fresh prefill of those tokens."""
-    pos = s.cache.pos
+    pos = s.cache.seqlen
     assert pos <= len(s.tokens)
     fresh = s.lm.model.new_cache(s.cache.capacity)
     if pos:
@@ -48,21 +48,21 @@ def session(tiny):
 def test_ten_turns_prefill_only_new_tokens(session):
     prefills = []
     for i in range(10):
-        pos_before = session.cache.pos
+        pos_before = session.cache.seqlen
         pending_before = len(session.tokens) - pos_before
         msg = f"message number {i}"
         st = turn_of(run(session.send(msg)))
         assert st.cached_before == pos_before  # the whole history is reused from the cache
         assert st.prefill_tokens == pending_before + len(session.template.user_turn(msg))
         prefills.append(st.prefill_tokens)
-        assert st.cache_seqlens == session.cache.pos
+        assert st.cache_seqlens == session.cache.seqlen
         assert_invariant(session)
         assert_transcript(session)
     # the history grows, the per-turn cost does not
     assert max(prefills[1:]) - min(prefills[1:]) <= 2
-    assert session.cache.pos > 10 * min(prefills[1:])
+    assert session.cache.seqlen > 10 * min(prefills[1:])
     (ev,) = run(ChatKeeper(session, None).run_command("/reset"))
-    assert isinstance(ev, CacheState) and ev.cache_seqlens == 0 and session.cache.pos == 0
+    assert isinstance(ev, CacheState) and ev.cache_seqlens == 0 and session.cache.seqlen == 0
 
 
 def test_stats_fields(session):
@@ -95,7 +95,7 @@ def test_undo_removes_the_last_exchange(session):
     run(session.send("two"))
     (ev,) = run(ChatKeeper(session, None).run_command("/undo"))
     assert session.tokens == after_one and len(session.exchanges) == 1
-    assert ev.cache_seqlens == session.cache.pos <= len(after_one)
+    assert ev.cache_seqlens == session.cache.seqlen <= len(after_one)
     assert_invariant(session)
     st = turn_of(run(session.send("two again")))
     assert st.prefill_tokens == len(after_one) - ev.cache_seqlens + len(session.template.user_turn("two again"))
@@ -126,7 +126,7 @@ def test_stats_after_undo_describe_the_turn_left(session):
 def test_system_and_set(session):
     run(session.send("hi"))
     (ev,) = run(ChatKeeper(session, None).run_command("/system You are terse."))
-    assert ev.event == "system" and session.cache.pos == 0 and not session.exchanges
+    assert ev.event == "system" and session.cache.seqlen == 0 and not session.exchanges
     assert session.tokens == session.template.start("You are terse.")
     (info,) = run(ChatKeeper(session, None).run_command("/set temperature=0.7 top_k=5"))
     assert session.settings.temperature == 0.7 and session.settings.top_k == 5
@@ -149,7 +149,7 @@ def test_context_full_drops_oldest_exchanges(tiny):
     for i in range(8):
         events = run(s.send(f"this is message {i}, padded out a little"))
         trims += [e for e in events if isinstance(e, Trimmed)]
-        assert s.cache.pos <= 200
+        assert s.cache.seqlen <= 200
         assert_invariant(s)
         assert_transcript(s)
     assert trims, "the context never filled"
@@ -160,10 +160,10 @@ def test_context_full_drops_oldest_exchanges(tiny):
 def test_message_longer_than_context_is_refused_and_nothing_changes(tiny):
     s = Session(tiny, Settings(temperature=0.0, max_new_tokens=5), context=128)
     run(s.send("short"))
-    before = (list(s.tokens), s.cache.pos, len(s.exchanges))
+    before = (list(s.tokens), s.cache.seqlen, len(s.exchanges))
     (err,) = run(s.send("x" * 500))
     assert isinstance(err, Error) and "too long" in err.message
-    assert (list(s.tokens), s.cache.pos, len(s.exchanges)) == before
+    assert (list(s.tokens), s.cache.seqlen, len(s.exchanges)) == before
     assert isinstance(run(s.send("still here"))[-1], TurnStats)
 
 

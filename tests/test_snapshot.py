@@ -18,9 +18,9 @@ from chatapp.chat.settings import Settings
 from chatapp.keeper.keeper import ChatKeeper
 from chatapp.store.database import ChatStore
 from chatapp.store.snapshots import MAX_SEGMENTS
-from model.families.llama import LlamaConfig
+from model.families.llama import RANDOM, LlamaConfig
 from model.loading import LoadedModel, LoadOptions, load_model
-from model.loading.random import PRESETS, random_llama
+from model.loading.random import random_model
 
 FIX = Path(__file__).parent / "fixtures" / "nanochat"
 
@@ -43,8 +43,8 @@ def reopen(lm, store, chat_id, context=1024):
 
 
 def assert_same_cache(a: Session, b: Session):
-    pos = a.cache.pos
-    assert b.cache.pos == pos and b.tokens == a.tokens
+    pos = a.cache.seqlen
+    assert b.cache.seqlen == pos and b.tokens == a.tokens
     assert torch.equal(a.cache.k_cache[:, :, :pos], b.cache.k_cache[:, :, :pos])
     assert torch.equal(a.cache.v_cache[:, :, :pos], b.cache.v_cache[:, :, :pos])
     for name, buf in a.cache.state.items():
@@ -70,7 +70,7 @@ root, chat_id, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 k = ChatKeeper(Session(load_model("random:tiny"), Settings(), context=1024), ChatStore(root))
 r, _ = k.open(chat_id)
 c = k.session.cache
-save_file({"k": c.k_cache[:, :, :c.pos].contiguous(), "v": c.v_cache[:, :, :c.pos].contiguous()}, out)
+save_file({"k": c.k_cache[:, :, :c.seqlen].contiguous(), "v": c.v_cache[:, :, :c.seqlen].contiguous()}, out)
 reply = [e for e in k.send("and one more") if getattr(e, "event", "") == "turn"][0].reply
 print(json.dumps({"restored": r.restored_tokens, "reprefilled": r.reprefilled_tokens, "reply": reply}))
 """
@@ -83,7 +83,7 @@ def test_round_trip_in_a_new_process_is_bit_identical_and_continues_the_same(tin
     p = subprocess.run([sys.executable, "-c", RESTORE_SCRIPT, str(store.root), str(k.chat_id), str(out)],
                        capture_output=True, timeout=120, check=True)
     child = json.loads(p.stdout)
-    pos = k.session.cache.pos
+    pos = k.session.cache.seqlen
     assert child["restored"] == pos and child["reprefilled"] == 0
     got = load_file(str(out))
     assert torch.equal(got["k"], k.session.cache.k_cache[:, :, :pos])
@@ -97,10 +97,10 @@ def test_snapshot_is_the_filled_prefix_and_a_turn_writes_only_its_positions(tiny
     folder, c = store.snapshot_dir(1), k.session.cache
     sizes = []
     for i in range(4):
-        before = c.pos
+        before = c.seqlen
         talk(k, f"message {i}")
         seg = k.writer.segments[-1]
-        assert (seg.start, seg.end) == (before, c.pos)  # only the new positions
+        assert (seg.start, seg.end) == (before, c.seqlen)  # only the new positions
         sizes.append(sum(p.stat().st_size for p in folder.iterdir()))
     overhead = 4096 * len(k.writer.segments)
     assert c.bytes_used <= sizes[-1] <= c.bytes_used + overhead
@@ -117,7 +117,7 @@ def test_retry_undo_and_trim_are_rewritten_and_restore_bit_identically(tiny, sto
         events = list(k.run_command(arg) if kind == "cmd" else k.send(arg))
         assert not [e for e in events if getattr(e, "event", "") == "error"], events
         k2, restored = reopen(tiny, store, k.chat_id, context=256)
-        assert restored.restored_tokens == k.session.cache.pos and restored.reprefilled_tokens == 0
+        assert restored.restored_tokens == k.session.cache.seqlen and restored.reprefilled_tokens == 0
         assert_same_cache(k.session, k2.session)
         assert_transcript(k2.session)
     assert any(getattr(e, "event", "") == "trim" for e in events) or k.session.exchanges[0].user != "one"
@@ -147,7 +147,7 @@ def test_corrupt_segment_is_caught_re_prefilled_and_then_replaced(tiny, store):
     start = int(last.name.split("-")[0])
     k2, r = reopen(tiny, store, k.chat_id)
     assert "corrupt (checksum mismatch)" in r.detail and r.line.startswith(f"restored {start} tokens")
-    assert (r.restored_tokens, r.reprefilled_tokens) == (start, k.session.cache.pos - start)
+    assert (r.restored_tokens, r.reprefilled_tokens) == (start, k.session.cache.seqlen - start)
     assert_invariant(k2.session)
     k3, r3 = reopen(tiny, store, k.chat_id)  # opening rewrote the bad segment
     assert r3.reprefilled_tokens == 0 and r3.detail == ""
@@ -160,18 +160,18 @@ def test_truncated_snapshot_re_prefills_everything(tiny, store):
     first = segments(store, k.chat_id)[0]
     first.write_bytes(first.read_bytes()[:300])
     k2, r = reopen(tiny, store, k.chat_id)
-    assert r.restored_tokens == 0 and r.reprefilled_tokens == k.session.cache.pos
-    assert "unreadable" in r.detail and r.line.startswith(f"re-prefilled {k.session.cache.pos} tokens")
+    assert r.restored_tokens == 0 and r.reprefilled_tokens == k.session.cache.seqlen
+    assert "unreadable" in r.detail and r.line.startswith(f"re-prefilled {k.session.cache.seqlen} tokens")
     assert_invariant(k2.session)
-    torch.testing.assert_close(k2.session.cache.k_cache[:, :, :k.session.cache.pos],
-                               k.session.cache.k_cache[:, :, :k.session.cache.pos], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(k2.session.cache.k_cache[:, :, :k.session.cache.seqlen],
+                               k.session.cache.k_cache[:, :, :k.session.cache.seqlen], atol=1e-5, rtol=1e-4)
 
 
 def test_another_models_snapshot_is_never_loaded(tiny, store):
     k = new_keeper(tiny, store)
     talk(k, "one", "two")
-    pos = k.session.cache.pos
-    other = LoadedModel(random_llama(LlamaConfig(**PRESETS["tiny"]), LoadOptions(), seed=1), tiny.tokenizer,
+    pos = k.session.cache.seqlen
+    other = LoadedModel(random_model(LlamaConfig(**RANDOM.presets["tiny"]), LoadOptions(), seed=1), tiny.tokenizer,
                         tiny.template, "random:tiny-seed1", tiny.context_length)
     k2, r = reopen(other, store, k.chat_id)
     assert r.restored_tokens == 0 and r.reprefilled_tokens == pos
@@ -210,7 +210,7 @@ def test_truncated_last_segment_is_named(tiny, store):
     last.write_bytes(last.read_bytes()[:300])
     k2, r = reopen(tiny, store, k.chat_id)
     start = int(last.name.split("-")[0])
-    assert r.restored_tokens == start and r.reprefilled_tokens == k.session.cache.pos - start
+    assert r.restored_tokens == start and r.reprefilled_tokens == k.session.cache.seqlen - start
     assert r.detail == f"snapshot file {last.name} is unreadable (truncated?)"
     assert_invariant(k2.session)
 

@@ -57,7 +57,7 @@ def test_save_get_list_rename_delete(store):
     b_id = store.save(chat("second", n=1))
     assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     got = store.get(a_id)
-    assert (got.title, got.messages, got.prefix_tokens, got.cache_pos) == ("first", a.messages, [9, 9], 17)
+    assert (got.title, got.messages, got.prefix_tokens, got.cache_seqlens) == ("first", a.messages, [9, 9], 17)
     assert got.settings == {"temperature": 0.0} and got.created > 0
     assert [c.id for c in store.list()] == [b_id, a_id]  # most recent first
     assert store.latest_id() == b_id and store.latest_id(exclude=b_id) == a_id
@@ -85,7 +85,7 @@ def test_keeper_saves_every_turn_before_reporting_it(keeper, store):
     s = keeper.session
     assert [m.content for m in stored.messages] == ["hello there", s.exchanges[0].reply]
     assert stored.prefix_tokens + stored.messages[0].token_ids + stored.messages[1].token_ids == s.tokens
-    assert stored.title == "hello there" and stored.cache_pos == s.cache.pos
+    assert stored.title == "hello there" and stored.cache_seqlens == s.cache.seqlen
 
 
 def test_reset_starts_a_new_chat_and_keeps_the_old(keeper, store):
@@ -123,7 +123,7 @@ def test_undo_to_nothing_deletes_the_chat_and_the_next_message_starts_a_new_one(
     assert keeper.chat_id not in (None, emptied, other) and keeper.title == "a fresh start"
     stored = store.get(keeper.chat_id)
     assert [m.content for m in stored.messages] == ["a fresh start", keeper.session.exchanges[0].reply]
-    assert stored.cache_pos == keeper.session.cache.pos and store.snapshot_dir(keeper.chat_id).is_dir()
+    assert stored.cache_seqlens == keeper.session.cache.seqlen and store.snapshot_dir(keeper.chat_id).is_dir()
     assert len(store.list()) == 2
 
 
@@ -173,7 +173,8 @@ def test_undo_to_nothing_leaves_a_chat_another_window_changed(tiny, store):
 def test_save_title_export_and_no_store(keeper, tiny, tmp_path):
     list(keeper.send("hello"))
     (saved,) = list(keeper.run_command("/save  My   chat"))
-    assert isinstance(saved, Saved) and saved.title == "My chat" and saved.snapshot_tokens == keeper.session.cache.pos
+    assert isinstance(saved, Saved) and saved.title == "My chat"
+    assert saved.snapshot_tokens == keeper.session.cache.seqlen
     (info,) = list(keeper.run_command(f"/export {tmp_path}"))
     assert isinstance(info, Info)
     text = Path(info.data["path"]).read_text()
@@ -225,7 +226,7 @@ def test_read_only_database_still_lists_and_opens(tiny, tmp_path):
     ro = ChatStore(tmp_path, read_only=True if os.geteuid() == 0 else None)
     k2 = ChatKeeper(Session(tiny, Settings(max_new_tokens=4)), ro)
     restored, errors = k2.open(keeper.chat_id)
-    assert isinstance(restored, Restored) and restored.restored_tokens == keeper.session.cache.pos
+    assert isinstance(restored, Restored) and restored.restored_tokens == keeper.session.cache.seqlen
     assert errors == []  # opening changes nothing: there is nothing to say yet
     events = list(k2.send("more"))
     assert turns(events) and not [e for e in events if isinstance(e, Error)]

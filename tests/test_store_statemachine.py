@@ -75,9 +75,9 @@ class ChatMachine(RuleBasedStateMachine):
         k = self.new_keeper()
         restored, errors = k.open(self.keeper.chat_id)
         assert not errors
-        pos = old.cache.pos
+        pos = old.cache.seqlen
         assert (restored.restored_tokens, restored.reprefilled_tokens) == (pos, 0)
-        assert k.session.tokens == old.tokens and k.session.cache.pos == pos
+        assert k.session.tokens == old.tokens and k.session.cache.seqlen == pos
         assert torch.equal(k.session.cache.k_cache[:, :, :pos], old.cache.k_cache[:, :, :pos])
         assert torch.equal(k.session.cache.v_cache[:, :, :pos], old.cache.v_cache[:, :, :pos])
         self.keeper = k
@@ -104,7 +104,7 @@ class ChatMachine(RuleBasedStateMachine):
         assert [(e.user, e.reply, e.start, e.reply_start, e.end) for e in exchanges] == \
             [(e.user, e.reply, e.start, e.reply_start, e.end) for e in s.exchanges]
         assert [(e.user, e.reply) for e in archived(chat)] == [(e.user, e.reply) for e in s.trimmed]
-        assert chat.system == s.system and chat.cache_pos == s.cache.pos
+        assert chat.system == s.system and chat.cache_seqlens == s.cache.seqlen
         assert chat.settings == {**s.settings.__dict__}
 
     def teardown(self):

@@ -82,7 +82,7 @@ def test_turn_two_prefills_only_what_is_new(models, name):
     assert first.cached_before == 0
     assert_invariant(s)
     prompt1 = first.prefill_tokens
-    kept, pending = s.cache.pos, len(s.tokens) - s.cache.pos
+    kept, pending = s.cache.seqlen, len(s.tokens) - s.cache.seqlen
     closed = list(s.tokens)
     if isinstance(s.template, TemplateFormat):   # the tokens turn 2 adds: its prompt less the closed turn 1
         prompt2 = s.template.render(s.system, whole.pairs_of(s, s.exchanges), "Tell me more.").tokens
@@ -128,7 +128,7 @@ def test_a_whole_template_over_retry_undo_edit_and_trim(models):
         trims += [e for e in events if isinstance(e, Trimmed)]
         turn_of(events)
         assert_invariant(s)
-        assert s.cache.pos <= s.cache.capacity
+        assert s.cache.seqlen <= s.cache.capacity
     assert trims and s.trimmed
 
 
@@ -155,11 +155,11 @@ def test_a_whole_template_chat_reopens_with_its_ids_and_cache(models, tmp_path):
     k = ChatKeeper(Session(lm, Settings(temperature=0.0, max_new_tokens=5), context=512), store)
     for text in ("one", "two"):
         turn_of(k.send(text))
-    tokens, pos = list(k.session.tokens), k.session.cache.pos
+    tokens, pos = list(k.session.tokens), k.session.cache.seqlen
     again = ChatKeeper(Session(lm, Settings(temperature=0.0, max_new_tokens=5), context=512), store)
     restored, errors = again.open(k.chat_id)
     assert not errors and "re-rendered" not in restored.detail, restored
-    assert again.session.tokens == tokens and again.session.cache.pos == pos
+    assert again.session.tokens == tokens and again.session.cache.seqlen == pos
     assert_invariant(again.session)
     st = turn_of(again.send("three"))
     assert st.cached_before == pos   # the reopened chat goes on from its cache
@@ -177,7 +177,7 @@ def test_respond_to_on_a_whole_template_reuses_the_cached_prefix(models):
     assert first.cached_before == 0
     assert_invariant(s)
     msgs += [{"role": "assistant", "content": first.reply}, {"role": "user", "content": "And then?"}]
-    pos = s.cache.pos
+    pos = s.cache.seqlen
     second = turn_of(s.respond_to(msgs))
     assert second.cached_before == pos and len(s.exchanges) == 2
     assert_invariant(s)
@@ -193,10 +193,10 @@ def test_a_template_without_a_system_role_refuses_one_in_one_line(models):
 
     s = Session(models("Mistral"), Settings(temperature=0.0, max_new_tokens=4), context=512)
     turn_of(s.send("Hello"))
-    before = (list(s.tokens), s.cache.pos)
+    before = (list(s.tokens), s.cache.seqlen)
     events = list(ChatKeeper(s, None).run_command("/system Be brief."))
     assert [type(e) for e in events] == [Error] and "refuses this chat" in events[0].message
     events = list(s.respond_to([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]))
     assert [type(e) for e in events] == [Error] and "\n" not in events[0].message
-    assert (list(s.tokens), s.cache.pos) == before
+    assert (list(s.tokens), s.cache.seqlen) == before
     assert_invariant(s)

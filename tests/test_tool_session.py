@@ -66,7 +66,7 @@ def scripted(expr: str, after: str) -> LoadedModel:
 
 def assert_cache_holds_tokens(s: Session):
     """K/V (and so the smear state feeding them) equal a fresh prefill of tokens[:pos]."""
-    pos = s.cache.pos
+    pos = s.cache.seqlen
     fresh = s.lm.model.new_cache(s.cache.capacity)
     with torch.no_grad():
         s.lm.model(torch.tensor([s.tokens[:pos]]), fresh)
@@ -98,7 +98,7 @@ def test_tool_call_forces_output_through_the_cache(calc_model):
     assert to_json(st)["tool_calls"] == [{"expr": "12*7", "result": "84"}]
 
     # The next turn prefills only its own tokens on top of the forced ones.
-    pos = s.cache.pos
+    pos = s.cache.seqlen
     events = list(s.send("Again?"))
     (st2,) = [e for e in events if isinstance(e, TurnStats)]
     assert st2.cached_before == pos

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from model.decode.torch_step import TorchStep
-from model.families.llama import LlamaConfig
+from model.families.llama import RANDOM, LlamaConfig
 from model.loading import LoadOptions, load_model
-from model.loading.random import PRESETS, random_llama
+from model.loading.random import random_model
 
 FIX = Path(__file__).parent / "fixtures" / "nanochat"
 NANOCHAT = ["oct2025", "jan2026", "mar2026a", "head"]
@@ -49,8 +49,8 @@ def test_llama_torch_step_equals_eager():
                        "original_max_position_embeddings": 16}),  # Llama 3.x
 ], ids=["biases", "qk-norm-head-dim-untied", "llama3-rope"])
 def test_llama_shapes_torch_step_equals_eager(extra):
-    cfg = LlamaConfig(**{**PRESETS["tiny"], **extra})
-    model = random_llama(cfg, LoadOptions())
+    cfg = LlamaConfig(**{**RANDOM.presets["tiny"], **extra})
+    model = random_model(cfg, LoadOptions())
     with torch.no_grad():   # the random preset leaves biases and norms plain: make them count
         for name, p in model.named_parameters():
             if name.endswith("bias") or "q_norm" in name or "k_norm" in name:

@@ -24,7 +24,7 @@ async def test_chat_turns_reach_transcript_and_panel():
         await submit(pilot, "hello there")
         assert [w.text for w in app.transcript.query(UserMessage)] == ["hello there"]
         assert replies(app) == [s.exchanges[0].reply] and s.exchanges[0].reply
-        assert row(app, "cache_seqlens") == f"{s.cache.pos} / {s.cache.capacity}"
+        assert row(app, "cache_seqlens") == f"{s.cache.seqlen} / {s.cache.capacity}"
         first = s.turn_stats[-1]
 
         await submit(pilot, "and again")
@@ -34,7 +34,7 @@ async def test_chat_turns_reach_transcript_and_panel():
         assert st.prefill_tokens == new and st.cached_before == first.cache_seqlens
         assert row(app, "prefill") == f"{new} new"
         assert row(app, "cached") == f"{first.cache_seqlens} reused"
-        assert row(app, "cache_seqlens") == f"{s.cache.pos} / {s.cache.capacity}"
+        assert row(app, "cache_seqlens") == f"{s.cache.seqlen} / {s.cache.capacity}"
         assert replies(app) == [ex.reply for ex in s.exchanges]
         assert app.query_one("#history", Sparkline).data == [first.prefill_tokens, new]
         assert row(app, "turns") == f"2, max {first.prefill_tokens}"
@@ -48,9 +48,9 @@ async def test_reset_brings_panel_and_cache_to_zero():
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await submit(pilot, "hi")
-        assert app.session.cache.pos > 0
+        assert app.session.cache.seqlen > 0
         await submit(pilot, "/reset")
-        assert app.session.cache.pos == 0
+        assert app.session.cache.seqlen == 0
         assert row(app, "cache_seqlens") == "0 / 2048" and row(app, "kv_used") == "0 B"
         assert row(app, "prefill") == "—"
         assert not app.transcript.query(UserMessage) and app.transcript.exchanges == []
@@ -71,12 +71,12 @@ async def test_retry_and_undo_move_the_cache_as_the_session_says():
         assert s.turn_stats[-1].cached_before == reply_start - 1  # rewound, one token re-fed for logits
         assert len(app.transcript.exchanges) == 2 and app.transcript.exchanges[1].reply is not old_reply
         assert replies(app) == [ex.reply for ex in s.exchanges]
-        assert row(app, "cache_seqlens") == f"{s.cache.pos} / 2048"
+        assert row(app, "cache_seqlens") == f"{s.cache.seqlen} / 2048"
 
         await submit(pilot, "/undo")
-        assert len(s.exchanges) == 1 and s.cache.pos <= s.exchanges[0].end
+        assert len(s.exchanges) == 1 and s.cache.seqlen <= s.exchanges[0].end
         assert [w.text for w in app.transcript.query(UserMessage)] == ["one"]
-        assert row(app, "cache_seqlens") == f"{s.cache.pos} / 2048"
+        assert row(app, "cache_seqlens") == f"{s.cache.seqlen} / 2048"
 
 
 async def test_undo_takes_the_undone_turn_off_the_panel():
@@ -135,7 +135,7 @@ async def test_escape_cancels_and_the_next_turn_continues_from_the_partial_reply
         await submit(pilot, "/set max_new_tokens=8")
         await submit(pilot, "go on")  # still usable, and the partial reply stayed in the cache
         assert s.turn_stats[-1].cached_before == st.cache_seqlens
-        assert row(app, "cache_seqlens") == f"{s.cache.pos} / 1024"
+        assert row(app, "cache_seqlens") == f"{s.cache.seqlen} / 1024"
 
 
 async def test_a_context_above_the_models_is_a_warning_in_the_transcript():
@@ -155,7 +155,7 @@ async def test_unknown_command_and_bad_setting_show_one_line_errors():
         await submit(pilot, "/set temperature=9")
         assert notices(app, "error") == ["unknown command /bogus; try /help",
                                          "temperature must be a number from 0 to 5, got '9'"]
-        assert app.session.cache.pos == 0 and app.session.turns == 0  # nothing went to the model
+        assert app.session.cache.seqlen == 0 and app.session.turns == 0  # nothing went to the model
         assert app.input.text == ""
 
 
@@ -319,7 +319,7 @@ async def test_panel_updates_while_the_model_writes():
         await until(pilot, lambda: not app.busy)
         assert len(seen) >= 3, seen
         assert readers == {False}  # read once, by the worker, for the figures it ends the turn with
-        assert row(app, "cache_seqlens") == f"{app.session.cache.pos} / {app.session.cache.capacity}"
+        assert row(app, "cache_seqlens") == f"{app.session.cache.seqlen} / {app.session.cache.capacity}"
 
 
 async def test_palette_runs_commands():
@@ -332,7 +332,7 @@ async def test_palette_runs_commands():
         await pilot.pause(0.3)
         await pilot.press("enter")
         await until(pilot, lambda: app.inputs_done > done and not app.busy)
-        assert app.session.cache.pos == 0 and row(app, "cache_seqlens") == "0 / 2048"
+        assert app.session.cache.seqlen == 0 and row(app, "cache_seqlens") == "0 / 2048"
         await pilot.press("ctrl+p", *"/system")
         await pilot.pause(0.3)
         await pilot.press("enter")
@@ -359,7 +359,8 @@ async def test_narrow_terminals_hide_the_panel_and_keep_chatting():
         assert len(app.session.exchanges) == 2 and replies(app)[-1] == app.session.exchanges[-1].reply
         await pilot.resize_terminal(*SIZE)
         await pilot.pause()
-        assert panel.display and row(app, "cache_seqlens") == f"{app.session.cache.pos} / {app.session.cache.capacity}"
+        cache = app.session.cache
+        assert panel.display and row(app, "cache_seqlens") == f"{cache.seqlen} / {cache.capacity}"
 
 
 async def test_a_doubled_slash_sends_a_message_that_starts_with_one():

@@ -38,7 +38,7 @@ async def test_tool_calls_are_shown_apart_from_the_reply():
         assert view.call == ToolCall("12*7", "84")
         assert reply.text == " ok"  # the markers and the forced output are not in the Markdown
         assert app.session.exchanges[0].reply.endswith("<|output_start|>84<|output_end|> ok")
-        assert row(app, "cache_seqlens") == f"{app.session.cache.pos} / {app.session.cache.capacity}"
+        assert row(app, "cache_seqlens") == f"{app.session.cache.seqlen} / {app.session.cache.capacity}"
 
         await app.redraw()  # a restored chat is drawn the same way
         (view,) = app.transcript.exchanges[0].reply.query(ToolCallView)
@@ -60,7 +60,7 @@ async def test_the_default_model_chats_in_the_app(pulled, monkeypatch):
         st = s.turn_stats[-1]
         assert st.cached_before == first.cache_seqlens
         assert st.prefill_tokens == len(s.template.end_reply()) + len(s.template.user_turn("Thanks!"))
-        assert row(app, "cache_seqlens") == f"{s.cache.pos} / {s.cache.capacity}"
+        assert row(app, "cache_seqlens") == f"{s.cache.seqlen} / {s.cache.capacity}"
 
 
 async def test_keystrokes_echo_quickly_while_a_real_sized_model_decodes():
@@ -100,4 +100,4 @@ async def test_a_full_context_drops_old_exchanges_and_says_so():
         dropped = [w.text for w in app.transcript.query(UserMessage) if w.has_class("trimmed")]
         assert dropped == [ex.user for ex in app.session.trimmed] and dropped[0] == "first message"
         assert [ex.user.text for ex in app.transcript.exchanges] == [ex.user for ex in app.session.exchanges]
-        assert row(app, "cache_seqlens") == f"{app.session.cache.pos} / 160"
+        assert row(app, "cache_seqlens") == f"{app.session.cache.seqlen} / 160"

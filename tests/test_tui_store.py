@@ -26,7 +26,7 @@ async def test_chats_screen_reopens_a_chat_with_its_cache_from_the_snapshot():
         s = app.session
         await submit(pilot, "first chat, one")
         await submit(pilot, "first chat, two")
-        first_id, pos = app.keeper.chat_id, s.cache.pos
+        first_id, pos = app.keeper.chat_id, s.cache.seqlen
         k_before = s.cache.k_cache[:, :, :pos].clone()
         assert first_id is not None and f"chat #{first_id}" in app.sub_title  # autosaved
 
@@ -46,7 +46,7 @@ async def test_chats_screen_reopens_a_chat_with_its_cache_from_the_snapshot():
         await pilot.pause()
 
         assert users(app) == ["first chat, one", "first chat, two"]
-        assert app.keeper.chat_id == first_id and s.cache.pos == pos
+        assert app.keeper.chat_id == first_id and s.cache.seqlen == pos
         assert torch.equal(s.cache.k_cache[:, :, :pos], k_before)  # bit-identical, not recomputed
         restore = str(app.panel.query_one("#restore").render())
         assert restore == f"restored {pos} tokens from snapshot"
@@ -63,13 +63,13 @@ async def test_save_with_a_title_then_resume_in_a_new_app():
         await submit(pilot, "remember me")
         await submit(pilot, "/save My title")
         assert any("“My title”" in n for n in notices(app))
-        chat_id, pos = app.keeper.chat_id, app.session.cache.pos
+        chat_id, pos = app.keeper.chat_id, app.session.cache.seqlen
 
     again = make_app("--resume")
     async with again.run_test(size=SIZE) as pilot:
         await ready(pilot)
         assert again.keeper.chat_id == chat_id and users(again) == ["remember me"]
-        assert again.session.cache.pos == pos
+        assert again.session.cache.seqlen == pos
         assert str(again.panel.query_one("#restore").render()) == f"restored {pos} tokens from snapshot"
         assert again.sub_title.endswith(f"chat #{chat_id} My title")
 
@@ -121,7 +121,7 @@ async def test_undo_or_retry_into_an_opened_chat_takes_back_the_restore_line():
         second = app.keeper.chat_id
 
         await submit(pilot, f"/load {first}")
-        line = f"restored {s.cache.pos} tokens from snapshot"
+        line = f"restored {s.cache.seqlen} tokens from snapshot"
         assert restore_line(app) == line
         await submit(pilot, "three")
         await submit(pilot, "/undo")  # takes back only what came after the restore

@@ -46,8 +46,8 @@ async def test_palette_picker_and_model_command_switch_with_progress_and_a_new_h
         s = app.session
         assert s.lm.name == "random:tiny-qwen3" and app.keeper.chat_id == chat_id
         assert app.sub_title == f"random:tiny-qwen3 — chat #{chat_id} hello there"
-        assert f"re-prefilling {s.cache.pos} / {s.cache.pos} tokens" in shown
-        assert restore_line(app) == f"switched: re-prefilled {s.cache.pos} tokens"
+        assert f"re-prefilling {s.cache.seqlen} / {s.cache.seqlen} tokens" in shown
+        assert restore_line(app) == f"switched: re-prefilled {s.cache.seqlen} tokens"
         assert app.panel.row("model").value == "random:tiny-qwen3"
         assert "loading random:tiny-qwen3…" in notices(app)
         assert any(n.startswith("Switched from random:tiny to random:tiny-qwen3") for n in notices(app))

@@ -39,7 +39,7 @@ def play(lm: LoadedModel, context: int, turns: int, reply_tokens: int, low_water
     s = Session(lm, Settings(temperature=0.0, max_new_tokens=reply_tokens, low_water=low_water), context=context)
     rows = []
     for i in range(turns):
-        history = s.cache.pos
+        history = s.cache.seqlen
         events = list(s.send(user_message(i) + PADDING))
         st = next(e for e in events if isinstance(e, TurnStats))
         trim = next((e for e in events if isinstance(e, Trimmed)), None)

@@ -69,7 +69,7 @@ def variants(lm, cache, args: BenchArgs, peak: float) -> dict[str, list[dict]]:
 def profile(gen: Generator, context: int) -> dict:
     decode_at(gen, min(context, gen.cache.capacity - 8), 2)
     gen.graphs.settle()
-    return {"context": gen.cache.pos, "graph_step_us": graph_step_us(gen.graphs),
+    return {"context": gen.cache.seqlen, "graph_step_us": graph_step_us(gen.graphs),
             "kernels": kernel_table(gen.graphs)}
 
 
@@ -140,7 +140,7 @@ def cpu_peer_model(spec: str, args: BenchArgs) -> dict:
 
 def gpu_peer_model(spec: str, gguf: str | None, args: BenchArgs) -> dict:
     lm, note = resolve(spec, load_options(args), args.gguf)
-    res = gpu_peer(lm, gguf, args.llama_bench, args.tg, args.peer_reps)
+    res = gpu_peer(lm, spec, gguf, args.llama_bench, args.tg, args.peer_reps)
     return {"model": lm.name, "spec": spec, "note": note, "device": args.device, "gpu_peer": res}
 
 

@@ -1,10 +1,12 @@
-"""The files a message really passes through: one headless turn traced, not read off a diagram.
+"""The files a message really passes through: one turn traced, not read off a diagram.
 
-`python -m chatapp.bench.message_path [--model SPEC]` opens the chat as headless mode does, sends
-a first message (loading and warm-up, not counted), then traces the second: every project file
-with a function called while it goes from the input line to the printed events, the store's
-commit included. It prints the files with their call counts, grouped by folder, then one JSON
-line. docs/architecture.md records the figure."""
+`python -m chatapp.bench.message_path [--model SPEC] [--tui]` opens the chat as headless mode
+(or, with --tui, the real Textual app under `App.run_test`) does, sends a first message (loading
+and warm-up, not counted), then traces the second: every project file with a function called
+from the moment it is sent (the input line read; in the TUI, Enter pressed) until its events are
+printed (in the TUI, until the reply and the panel's figures are on screen), the store's commit
+included. It prints the files with their call counts, grouped by folder, then one JSON line.
+docs/architecture.md records both figures."""
 
 from __future__ import annotations
 
@@ -14,14 +16,14 @@ import json
 import sys
 import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def traced(run) -> Counter:
-    """Calls per project file (outside tests/ and the virtualenv) while `run()` runs."""
-    calls: Counter = Counter()
+def _profiler(calls: Counter):
+    """A profile hook counting calls per project file (outside tests/ and the virtualenv)."""
     root = str(ROOT) + "/"
 
     def profile(frame, event, _arg):
@@ -29,7 +31,13 @@ def traced(run) -> Counter:
         if (event == "call" and name.startswith(root) and name != __file__
                 and "/.venv/" not in name and "/tests/" not in name):
             calls[name[len(root):]] += 1
+    return profile
 
+
+def traced(run) -> Counter:
+    """Calls per project file while `run()` runs, on every thread it starts."""
+    calls: Counter = Counter()
+    profile = _profiler(calls)
     threading.setprofile(profile)
     sys.setprofile(profile)
     try:
@@ -40,28 +48,88 @@ def traced(run) -> Counter:
     return calls
 
 
-def main(argv: list[str] | None = None, out=sys.stdout) -> int:
+FIRST, SECOND = "Hello there", "What is the capital of France?"
+
+
+def headless_turn(argv: list[str]) -> tuple[str, Counter]:
     from chatapp.headless import run_headless
     from chatapp.launch import open_chat
     from chatapp.options import chat_parser
 
+    keeper = open_chat(chat_parser().parse_args(["--headless", *argv]))
+    events = io.StringIO()   # the turns' JSON lines: not this report
+    run_headless(keeper, io.BytesIO(FIRST.encode() + b"\n"), out=events)
+    calls = traced(lambda: run_headless(keeper, io.BytesIO(SECOND.encode() + b"\n"), out=events))
+    return keeper.session.lm.name, calls
+
+
+def tui_turn(argv: list[str]) -> tuple[str, Counter]:
+    """The real app: type the message, then trace from Enter until the turn is done and drawn."""
+    import asyncio
+    import time
+
+    from chatapp.options import chat_parser
+    from chatapp.tui.app import ChatApp
+
+    app = ChatApp(chat_parser().parse_args(argv))
+    calls: Counter = Counter()
+
+    async def until(pilot, cond, timeout: float = 300.0) -> None:
+        end = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > end:
+                raise TimeoutError("the TUI turn did not finish")
+            await pilot.pause(0.02)
+
+    async def send(pilot, text: str, trace: bool) -> None:
+        done = app.inputs_done
+        await pilot.press(*text)
+
+        async def enter() -> None:
+            await pilot.press("enter")
+            await until(pilot, lambda: app.inputs_done > done and not app.busy)
+            await pilot.pause(0.3)   # the last batch and the panel's figures drawn
+
+        if not trace:
+            return await enter()
+        profile = _profiler(calls)
+        threading.setprofile(profile)
+        sys.setprofile(profile)
+        # the turn worker runs in the loop's executor, whose thread the first turn started before
+        # the hook was set: a fresh executor starts a thread that carries it
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(1))
+        try:
+            await enter()
+        finally:
+            sys.setprofile(None)
+            threading.setprofile(None)
+
+    async def run() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.session is not None and not app.input.disabled)
+            await send(pilot, FIRST, trace=False)
+            await send(pilot, SECOND, trace=True)
+
+    asyncio.run(run())
+    return app.session.lm.name, calls
+
+
+def main(argv: list[str] | None = None, out=sys.stdout) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", help="model spec (default: the default model)")
+    p.add_argument("--tui", action="store_true", help="trace the Textual app's turn, not headless mode's")
     a = p.parse_args(argv)
-    args = chat_parser().parse_args(["--headless", "--temperature", "0", "--max-new-tokens", "8"]
-                                    + (["--model", a.model] if a.model else []))
-    keeper = open_chat(args)
-    events = io.StringIO()   # the turns' JSON lines: not this report
-    run_headless(keeper, io.BytesIO(b"Hello there\n"), out=events)
-    calls = traced(lambda: run_headless(keeper, io.BytesIO(b"What is the capital of France?\n"), out=events))
+    chat = ["--temperature", "0", "--max-new-tokens", "8"] + (["--model", a.model] if a.model else [])
+    name, calls = (tui_turn if a.tui else headless_turn)(chat)
     folders = Counter(str(Path(f).parent) for f in calls)
     for folder in sorted(folders):
         print(f"{folder}/ ({folders[folder]})", file=out)
         for f in sorted(x for x in calls if str(Path(x).parent) == folder):
             print(f"  {calls[f]:6d}  {Path(f).name}", file=out)
     print(f"{len(calls)} files", file=out)
-    print(json.dumps({"bench": "message_path", "model": keeper.session.lm.name, "files": len(calls),
-                      "by_folder": dict(sorted(folders.items())), "calls": dict(sorted(calls.items()))}), file=out)
+    print(json.dumps({"bench": "message_path", "face": "tui" if a.tui else "headless", "model": name,
+                      "files": len(calls), "by_folder": dict(sorted(folders.items())),
+                      "calls": dict(sorted(calls.items()))}), file=out)
     return 0
 
 

@@ -4,34 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from chatapp.pull.fetch import default_model_dir, is_installed
-from kvcache import Attention
-from model.families.nanochat import Nanochat
-from model.families.nanochat_config import LATEST, NanochatConfig
 from model.loading import LoadedModel, LoadOptions, load_model
-
-# nanochat's d20 shape, random weights, the newest generation's architecture.
-NANOCHAT_SHAPES = {"d20": dict(n_layer=20, n_head=10, n_kv_head=10, n_embd=1280),
-                   "d32": dict(n_layer=32, n_head=16, n_kv_head=16, n_embd=2048)}
 
 
 def random_nanochat(shape: str, opts: LoadOptions) -> LoadedModel:
-    cfg = NanochatConfig.for_generation(LATEST, sequence_len=8192, vocab_size=32768, **NANOCHAT_SHAPES[shape])
-    torch.manual_seed(0)
-    model = Nanochat(cfg, _attention(opts))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lambda" not in name:
-                p.normal_(0.0, 0.02 if p.dim() == 2 and p.shape[0] >= cfg.vocab_size else 0.04)
-    model = model.to(device=opts.device, dtype=opts.dtype).eval()
-    byte_lm = load_model("random:tiny")  # a byte tokenizer and a ChatML template are all the bench needs
-    return LoadedModel(model, byte_lm.tokenizer, byte_lm.template, f"random-nanochat:{shape}", 8192)
-
-
-def _attention(opts: LoadOptions):
-    return Attention(opts.attn)
+    """nanochat's own module at its d20 or d32 shape, random weights (the family's `nanochat-` presets)."""
+    lm = load_model(f"random:nanochat-{shape}", opts)
+    lm.name = f"random-nanochat:{shape}"
+    return lm
 
 
 def default_model_path() -> Path | None:

@@ -101,7 +101,7 @@ def bench_resume(lm: LoadedModel | None = None, spec: str = "random:smollm2-135m
         t0 = time.perf_counter()
         saved = [e for e in keeper.run_command("/save bench") if getattr(e, "event", "") == "saved"][0]
         save_ms = (time.perf_counter() - t0) * 1000
-        history = a.cache.pos
+        history = a.cache.seqlen
 
         b, r_snap, open_snap = timed_open(lm, store, saved.chat, context, settings)
         bit_identical = torch.equal(a.cache.k_cache[:, :, :history], b.cache.k_cache[:, :, :history]) and \

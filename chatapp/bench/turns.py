@@ -59,7 +59,7 @@ def run_turns(lm: LoadedModel, gen: Generator, turns: int, reply_tokens: int, pe
     rows, replies = [], []
     for i in range(turns):
         tokens += tmpl.user_turn(user_message(i))
-        history = cache.pos
+        history = cache.seqlen
         ttfts = []
         for _ in range(reps):
             cache.rewind(history)
@@ -68,7 +68,7 @@ def run_turns(lm: LoadedModel, gen: Generator, turns: int, reply_tokens: int, pe
             t0 = time.perf_counter()
             if not persistent:
                 cache.reset()
-            pending = tokens[cache.pos:]
+            pending = tokens[cache.seqlen:]
             gen.prefill(pending)
             tok = gen.sample()
             ttfts.append(time.perf_counter() - t0)

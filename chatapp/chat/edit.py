@@ -45,15 +45,15 @@ def parse_edit(arg: str) -> tuple[int, str]:
 def exchange_index(session: Session, n: int) -> int:
     """Where message `n` (1-based, trimmed ones counted) is in `session.exchanges`; UserError
     when there is no such message in the context."""
-    archived, total = len(session.trimmed), session.turns
+    trimmed, total = len(session.trimmed), session.turns
     if total == 0:
         raise UserError("/edit: no message to edit yet")
     if not 1 <= n <= total:
         raise UserError(f"/edit: no message {n}; this chat has messages 1-{total}")
-    if n <= archived:
+    if n <= trimmed:
         raise UserError(f"/edit: message {n} was trimmed out of the context, so it cannot be edited in place; "
-                        f"messages {archived + 1}-{total} can")
-    return n - archived - 1
+                        f"messages {trimmed + 1}-{total} can")
+    return n - trimmed - 1
 
 
 def check_edit(session: Session, arg: str) -> tuple[int, str, list[int]]:
@@ -74,6 +74,6 @@ def rewind_and_send(session: Session, n: int, text: str, new: list[int]) -> Iter
         session.truncate(start)
         del session.exchanges[i:]
         session.forget_turn_stats()
-        yield session.state("edit", f"rewound to message {n}: {session.cache.pos} tokens stay cached")
+        yield session.state("edit", f"rewound to message {n}: {session.cache.seqlen} tokens stay cached")
         yield from session.turn(text, new)
     yield from undoable(session, turn())

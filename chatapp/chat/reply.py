@@ -35,13 +35,14 @@ class Meter:
             return None
         self.last = now
         c = self.s.cache
-        return Progress(phase, done, total, now - self.t0, c.pos, c.capacity, c.bytes_used, read_memory(str(c.device)))
+        return Progress(phase, done, total, now - self.t0, c.seqlen, c.capacity, c.bytes_used,
+                        read_memory(str(c.device)))
 
 
 def prefill(s: SessionLike, meter: Meter) -> Iterator[Progress]:
     """The pending tokens, in the Generator's own chunks (so the cache is what one call would
     make), a Progress before the first and after each."""
-    pending, step = s.tokens[s.cache.pos:], s.gen.prefill_chunk
+    pending, step = s.tokens[s.cache.seqlen:], s.gen.prefill_chunk
     yield meter.progress("prefill", 0, len(pending))
     for i in range(0, len(pending), step):
         s.gen.prefill(pending[i:i + step])
@@ -53,12 +54,12 @@ def write(s: SessionLike, trim_event: Trimmed | None = None) -> Iterator[Event]:
     for the first token: its re-prefill counts in the turn's TTFT and prefill tokens."""
     ex = s.exchanges[-1]
     s.gen.configure(SamplingConfig(**s.settings.sampler_values()))
-    if s.cache.pos == len(s.tokens):  # nothing pending (a retry): re-feed one token for logits
-        s.cache.rewind(s.cache.pos - 1)
-    cached_before = s.cache.pos
+    if s.cache.seqlen == len(s.tokens):  # nothing pending (a retry): re-feed one token for logits
+        s.cache.rewind(s.cache.seqlen - 1)
+    cached_before = s.cache.seqlen
     meter = Meter(s)
     yield from prefill(s, meter)
-    prefill_tokens = s.cache.pos - cached_before
+    prefill_tokens = s.cache.seqlen - cached_before
     tools, text = ToolRunner(s.template, s.tok), ReplyText(s.template, s.tok)
     closing = len(s.template.end_reply())
     stop, n, t_first = "length", 0, None
@@ -113,7 +114,7 @@ def stats(s: SessionLike, ex: Exchange, prefill_tokens: int, cached_before: int,
     decode_s = t_end - t_first
     return TurnStats(
         turn=s.turns, user=ex.user, reply=reply_text(ex.parts), thinking=thinking_text(ex.parts),
-        prefill_tokens=prefill_tokens, cached_before=cached_before, cache_seqlens=s.cache.pos,
+        prefill_tokens=prefill_tokens, cached_before=cached_before, cache_seqlens=s.cache.seqlen,
         capacity=s.cache.capacity, decode_tokens=n, ttft_ms=(t_first - t0) * 1000,
         tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0, stop=stop,
         kv_bytes_used=s.cache.bytes_used, kv_bytes_allocated=s.cache.bytes_allocated,

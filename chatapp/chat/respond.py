@@ -108,7 +108,7 @@ def adopt_history(s: SessionLike, conv: Conversation) -> None:
         adopt_whole(s, conv)
         return
     tokens, exchanges = replayed(s, conv)
-    keep = whole.common_prefix(s.tokens[:s.cache.pos], tokens)
+    keep = whole.common_prefix(s.tokens[:s.cache.seqlen], tokens)
     s.truncate(keep)
     s.settings.system = conv.system
     s.tokens, s.exchanges, s.trimmed = tokens, exchanges, []

@@ -1,7 +1,7 @@
 """One conversation over one persistent KV cache. The cache invariant lives here.
 
 INVARIANT (docs/cache-invariant.md): the cache holds exactly the K/V of
-`tokens[:cache.pos]`; `tokens[cache.pos:]` are pending and get prefilled at the start of
+`tokens[:cache.seqlen]`; `tokens[cache.seqlen:]` are pending and get prefilled at the start of
 the next generation. `tokens` always equals the chat template rendered over the
 exchanges in the context, piece by piece (a trim moves the oldest to `trimmed`, text
 only); a reply takes the form the template gives it in the history when the next user
@@ -102,7 +102,7 @@ class Session:
     def truncate(self, n: int) -> None:
         """Cut the token list to n tokens, rewinding the cache if it held more."""
         del self.tokens[n:]
-        if self.cache.pos > n:
+        if self.cache.seqlen > n:
             self.cache.rewind(n)
             self.gen.forget()
 
@@ -111,7 +111,7 @@ class Session:
         self.turn_stats = [st for st in self.turn_stats if st.turn <= self.turns]
 
     def state(self, event: str, detail: str = "") -> CacheState:
-        return CacheState(event, self.cache.pos, self.cache.capacity, len(self.tokens), detail)
+        return CacheState(event, self.cache.seqlen, self.cache.capacity, len(self.tokens), detail)
 
     def cancel(self) -> None:
         self.cancel_flag.set()

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # type hints only: the --backend path (chat/undoable.py) must
 
 class SessionLike(Protocol):
     """The session as its helpers see it: the invariant's state (the cache holds
-    `tokens[:cache.pos]`, docs/cache-invariant.md) and the few methods they call back."""
+    `tokens[:cache.seqlen]`, docs/cache-invariant.md) and the few methods they call back."""
 
     lm: LoadedModel
     tok: object              # the tokenizer (model/tokenizers/)

@@ -10,7 +10,7 @@ from model.chat_formats.completion import MODE as COMPLETION_MODE
 
 def session_stats(s: SessionLike) -> dict:
     c = s.cache
-    d = {"model": s.lm.name, "cache_seqlens": c.pos, "capacity": c.capacity, "tokens": len(s.tokens),
+    d = {"model": s.lm.name, "cache_seqlens": c.seqlen, "capacity": c.capacity, "tokens": len(s.tokens),
          "shape": list(c.shape), "dtype": str(c.dtype).removeprefix("torch."),
          "weights": weights_format(s.lm.model), "device": str(c.device),
          "kv_bytes_used": c.bytes_used, "kv_bytes_allocated": c.bytes_allocated,

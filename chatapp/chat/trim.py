@@ -42,7 +42,7 @@ class Span(Protocol):
 class Cut:
     """What `cut` took out of the token list."""
 
-    dropped: int          # exchanges
+    trimmed: int          # exchanges (Session.trimmed gains them)
     removed: int          # tokens
 
 
@@ -122,7 +122,7 @@ def make_room(s: SessionLike, incoming: int) -> Yields[Event, None, Trimmed | No
     s.cache.reset()
     s.gen.forget()
     seconds = yield from reprefill(s.gen, s.tokens)
-    ev = Trimmed(done.dropped, done.removed, s.cache.pos, s.cache.pos, s.cache.capacity,
+    ev = Trimmed(done.trimmed, done.removed, s.cache.seqlen, s.cache.seqlen, s.cache.capacity,
                  seconds * 1000)
     yield ev
     return ev

@@ -20,11 +20,11 @@ def undoable(s: SessionLike, turn: Iterator[Event]) -> Iterator[Event]:
     try:
         yield from turn
     except Exception as e:  # a model failure must not lose the chat
-        held = s.tokens[:s.cache.pos]  # what the cache holds K/V for, at the failure
+        held = s.tokens[:s.cache.seqlen]  # what the cache holds K/V for, at the failure
         s.tokens, s.exchanges, s.trimmed, s.turn_stats = saved
         valid = next((i for i, (a, b) in enumerate(zip(s.tokens, held, strict=False)) if a != b),
                      min(len(s.tokens), len(held)))
-        if s.cache.pos > valid:
+        if s.cache.seqlen > valid:
             s.cache.rewind(valid)
         s.gen.forget()
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""

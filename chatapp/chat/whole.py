@@ -46,7 +46,7 @@ def pairs_of(s: SessionLike, exchanges: list[Exchange]) -> list[Pair]:
 def adopt(s: SessionLike, r: Rendered, exchanges: list[Exchange]) -> None:
     """Make `r` the token list, keeping the cache for the prefix it shares with the old one,
     and give `exchanges` (those r was rendered from) their spans in it."""
-    keep = common_prefix(s.tokens[:s.cache.pos], r.tokens)
+    keep = common_prefix(s.tokens[:s.cache.seqlen], r.tokens)
     s.truncate(keep)
     s.tokens = list(r.tokens)
     place(s.template, s.system, r, exchanges)
@@ -89,20 +89,20 @@ def make_room(s: SessionLike, user: str) -> Yields[Event, None, Trimmed | None]:
     if len(render.tokens) + budget <= s.cache.capacity or not s.exchanges:
         return None
     mark = min(s.cache.capacity - budget, int(s.settings.low_water * s.cache.capacity))
-    before, dropped = len(s.tokens), 0
+    before, trimmed = len(s.tokens), 0
     while s.exchanges and len(render.tokens) > mark:
         s.trimmed.append(s.exchanges.pop(0))
-        dropped += 1
+        trimmed += 1
         render = s.template.render(s.system, pairs_of(s, s.exchanges), user)
     s.cache.reset()
     s.gen.forget()
     kept = list(s.exchanges)
     adopt(s, s.template.render(s.system, pairs_of(s, kept), None) if kept else
           Rendered(s.template.start(s.system), []), kept)
-    for ex in s.trimmed[-dropped:]:
+    for ex in s.trimmed[-trimmed:]:
         ex.start = ex.reply_start = ex.end = -1
     seconds = yield from trim.reprefill(s.gen, s.tokens)
-    ev = Trimmed(dropped, max(before - len(s.tokens), 0), s.cache.pos, s.cache.pos, s.cache.capacity,
+    ev = Trimmed(trimmed, max(before - len(s.tokens), 0), s.cache.seqlen, s.cache.seqlen, s.cache.capacity,
                  seconds * 1000)
     yield ev
     return ev

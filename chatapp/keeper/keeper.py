@@ -214,7 +214,7 @@ class ChatKeeper(SavingKeeper):
             remember(self.store.root, done.named)
         yield from self.commit()
         s = self.session
-        yield ModelSwitched(s.lm.name, done.previous, len(s.exchanges), done.dropped, s.cache.pos, s.cache.pos,
+        yield ModelSwitched(s.lm.name, done.previous, len(s.exchanges), done.trimmed, s.cache.seqlen, s.cache.seqlen,
                             s.cache.capacity, done.load_s, done.prefill_s, s.system)
         yield from self.write_snapshot()
 

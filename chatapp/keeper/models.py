@@ -92,11 +92,11 @@ def converted_as_base(folder: Path) -> bool:
     reads to pick completion mode. A file that cannot be read is just not marked."""
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        tok = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+        tok_config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return isinstance(config, dict) and config.get("nanochat_tui_tuning") == "base" and \
-        isinstance(tok, dict) and not tok.get("chat_template")
+        isinstance(tok_config, dict) and not tok_config.get("chat_template")
 
 
 def choices(root: Path | None) -> list[ModelChoice]:

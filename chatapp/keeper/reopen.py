@@ -149,7 +149,7 @@ def apply_settings(session: Session, record: ChatRecord) -> None:
 def restore(session: Session, record: ChatRecord, identity: ModelIdentity, folder: Path | None) -> Restored:
     """Make `session` continue `record`. StoreError (the session unchanged) if it cannot fit."""
     tokens, exchanges, note = conversation(session, record)
-    target = len(tokens) if note else min(max(record.cache_pos, 0), len(tokens))
+    target = len(tokens) if note else min(max(record.cache_seqlens, 0), len(tokens))
     # What was cached must fit; a pending tail past the end is fine, as in a live session (the
     # next turn trims).
     if target > session.cache.capacity:
@@ -166,7 +166,7 @@ def restore(session: Session, record: ChatRecord, identity: ModelIdentity, folde
     if lone := orphans(record.messages):
         why = "; ".join(filter(None, [why, f"{lone} message(s) without their other half, kept beside an empty one"]))
     return Restored(record.id, record.title, n, target - n, len(tokens) - target, 2 * len(pairs(record.messages)),
-                    session.cache.pos, session.cache.capacity, why)
+                    session.cache.seqlen, session.cache.capacity, why)
 
 
 def give_stops(session: Session, record: ChatRecord) -> None:

@@ -34,7 +34,7 @@ class Checkpoint:
     trimmed: list[Exchange]
     turn_stats: list
     settings: Any
-    cache_pos: int
+    cache_seqlens: int
 
 
 def copy_exchanges(exchanges: list[Exchange]) -> list[Exchange]:
@@ -43,7 +43,7 @@ def copy_exchanges(exchanges: list[Exchange]) -> list[Exchange]:
 
 def take(s: Session) -> Checkpoint:
     return Checkpoint(list(s.tokens), copy_exchanges(s.exchanges), copy_exchanges(s.trimmed), list(s.turn_stats),
-                      dataclasses.replace(s.settings), s.cache.pos)
+                      dataclasses.replace(s.settings), s.cache.seqlen)
 
 
 def put_back(s: Session, cp: Checkpoint, identity: Callable[[], ModelIdentity], folder: Path | None) -> int:
@@ -54,9 +54,9 @@ def put_back(s: Session, cp: Checkpoint, identity: Callable[[], ModelIdentity], 
     s.tokens, s.exchanges, s.trimmed = cp.tokens, cp.exchanges, cp.trimmed
     s.turn_stats, s.settings = cp.turn_stats, cp.settings
     n = 0
-    if folder is not None and cp.cache_pos:
+    if folder is not None and cp.cache_seqlens:
         try:
-            n, _why = from_snapshot(s, s.tokens, identity(), folder, cp.cache_pos)
+            n, _why = from_snapshot(s, s.tokens, identity(), folder, cp.cache_seqlens)
         except Exception:  # the snapshot is only a shortcut: without it the tokens stay pending
             s.cache.reset()
             n = 0

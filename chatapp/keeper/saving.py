@@ -78,7 +78,7 @@ class SavingKeeper(Keeper):
         """Hand on the session's events, committing the chat before any event that reports a
         change to it, and writing the snapshot after each turn."""
         s = self.session
-        low = s.cache.pos  # a plain turn only appends: positions below this stay as they were
+        low = s.cache.seqlen  # a plain turn only appends: positions below this stay as they were
         for ev in events:
             match ev:
                 case Trimmed():
@@ -87,13 +87,13 @@ class SavingKeeper(Keeper):
                     low = min(low, s.exchanges[-1].reply_start - 1)
                 case CacheState(event="reset" | "system"):
                     self.detach()  # a new chat: the old one stays stored as it was
-            self.clean_upto = min(self.clean_upto, low, s.cache.pos)
+            self.clean_upto = min(self.clean_upto, low, s.cache.seqlen)
             errors = list(self.commit()) if reports_change(ev) else []
             yield ev
             yield from errors
             if isinstance(ev, TurnStats):
                 yield from self.write_snapshot()
-                low = s.cache.pos
+                low = s.cache.seqlen
 
     def autosave(self) -> Iterator[Event]:
         yield from self.commit()
@@ -102,9 +102,9 @@ class SavingKeeper(Keeper):
     # --- SQLite -------------------------------------------------------------------
     def signature(self) -> tuple:
         s = self.session
-        # cache.pos too: a greedy /retry can give back the same tokens with a different pending tail;
+        # cache.seqlen too: a greedy /retry can give back the same tokens with a different pending tail;
         # the trimmed ones too: a trim can leave the same tokens after dropping one more exchange
-        return (len(s.tokens), hash(tuple(s.tokens)), s.cache.pos, len(s.trimmed),
+        return (len(s.tokens), hash(tuple(s.tokens)), s.cache.seqlen, len(s.trimmed),
                 repr(dataclasses.asdict(s.settings)), self.title)
 
     def commit(self, force: bool = False) -> Iterator[Event]:
@@ -175,7 +175,7 @@ class SavingKeeper(Keeper):
         msgs = stored_messages(s)
         self.title = self.title or default_title(s)
         return ChatRecord(self.title, s.lm.name, ident.digest, self.tokenizer_fp(),
-                        dataclasses.asdict(s.settings), s.system, s.tokens[:s.prefix_len], s.cache.pos,
+                        dataclasses.asdict(s.settings), s.system, s.tokens[:s.prefix_len], s.cache.seqlen,
                         msgs, self.chat_id, self.created)
 
     def identity(self) -> ModelIdentity:
@@ -200,7 +200,7 @@ class SavingKeeper(Keeper):
             self.writer = SnapshotWriter(self.store.snapshot_dir(self.chat_id), self.identity())
         try:
             synced = self.writer.sync(self.session.cache, self.session.tokens, self.clean_upto)
-            self.clean_upto = self.session.cache.pos
+            self.clean_upto = self.session.cache.seqlen
             if synced.written:
                 self.store.prune_snapshots(keep=self.chat_id, budget_bytes=SNAPSHOT_BUDGET)
         except (OSError, RuntimeError, ValueError, SafetensorError) as e:

@@ -89,7 +89,7 @@ class Switched:
     session: Session
     named: str
     previous: str
-    dropped: int
+    trimmed: int   # exchanges the smaller context could not carry (Session.trimmed)
     load_s: float
     prefill_s: float
 
@@ -120,8 +120,8 @@ def switch(old: Session, spec: str, loader: Loader) -> Yields[Event, None, Switc
     t1 = time.perf_counter()
     new, failure = None, ""
     try:
-        new, dropped = carried(old, lm, named)
-        yield from reprefill(new.gen, new.tokens[new.cache.pos:], "model", new.lm.name)
+        new, trimmed = carried(old, lm, named)
+        yield from reprefill(new.gen, new.tokens[new.cache.seqlen:], "model", new.lm.name)
     except Exception as e:  # too long a system prompt, out of memory: the old chat is untouched
         failure = f"/model: {spec} cannot take this chat ({one_line(e)}); still on {previous}"
     if failure:
@@ -129,4 +129,4 @@ def switch(old: Session, spec: str, loader: Loader) -> Yields[Event, None, Switc
         del lm, new
         release_memory(device)
         raise UserError(failure)
-    return Switched(new, named, previous, dropped, t1 - t0, time.perf_counter() - t1)
+    return Switched(new, named, previous, trimmed, t1 - t0, time.perf_counter() - t1)

@@ -2,7 +2,7 @@
 resume without a re-prefill.
 
 The live cache holds one conversation. When a request continues another one that a snapshot
-holds a longer start of, the live conversation is copied out (its K/V up to `cache.pos`, its
+holds a longer start of, the live conversation is copied out (its K/V up to `cache.seqlen`, its
 token list and exchanges) and the snapshot is copied in; `Session.respond_to` then finds the
 longest common prefix as usual. Conversations are matched by their messages' text (the system
 prompt, then whole user/assistant pairs), which needs no rendering; the token-level match is
@@ -54,7 +54,7 @@ class Snapshot:
     tokens: list[int]
     exchanges: list[Exchange]
     system: str | None
-    pos: int
+    cache_seqlens: int   # positions of K/V copied
     k: torch.Tensor
     v: torch.Tensor
     state: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -104,12 +104,12 @@ class SnapshotLRU:
     def stash(self, s: Session) -> None:
         """Copy the live conversation out (nothing to keep when the cache is empty)."""
         c = s.cache
-        if self.live is None or c.pos == 0 or self.slots == 0:
+        if self.live is None or c.seqlen == 0 or self.slots == 0:
             return
         exchanges = [replace(ex, tool_calls=list(ex.tool_calls)) for ex in s.exchanges]  # the session mutates its own
-        snap = Snapshot(self.live, list(s.tokens), exchanges, s.settings.system, c.pos,
-                        c.k_cache[:, :, :c.pos].clone(), c.v_cache[:, :, :c.pos].clone(),
-                        {n: b[:, :c.pos].clone() for n, b in c.state.items()})
+        snap = Snapshot(self.live, list(s.tokens), exchanges, s.settings.system, c.seqlen,
+                        c.k_cache[:, :, :c.seqlen].clone(), c.v_cache[:, :, :c.seqlen].clone(),
+                        {n: b[:, :c.seqlen].clone() for n, b in c.state.items()})
         for i in [i for i, sn in self.snaps.items() if score(sn.key, snap.key) == 1 + len(sn.key[1])]:
             del self.snaps[i]  # an older copy of the same chat: this one holds all of it
         self.snaps[self.next_id] = snap
@@ -122,7 +122,7 @@ class SnapshotLRU:
         t0 = time.perf_counter()
         s.adopt(snap.tokens, snap.exchanges)  # empties the cache: every token pending
         s.settings.system = snap.system
-        c, n = s.cache, snap.pos
+        c, n = s.cache, snap.cache_seqlens
         c.k_cache[:, :, :n].copy_(snap.k)
         c.v_cache[:, :, :n].copy_(snap.v)
         for name, b in c.state.items():

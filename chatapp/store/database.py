@@ -103,32 +103,32 @@ class ChatStore:
                 raise
 
     # --- writing ------------------------------------------------------------
-    def save(self, chat: ChatRecord, expect: list[tuple[str, str]] | None = None) -> int:
+    def save(self, record: ChatRecord, expect: list[tuple[str, str]] | None = None) -> int:
         """Insert or replace the whole chat in one transaction; returns its id. With `expect`
         (the (role, content) of its messages when we last read or wrote it): ChatChanged if the
         store holds other messages now. Another window wrote them, and replacing the chat
         would lose that window's turns."""
         now = time.time()
-        row = (chat.title, chat.model, chat.model_fingerprint, chat.tokenizer_fingerprint,
-               json.dumps(chat.settings), chat.system, json.dumps(chat.prefix_tokens), chat.cache_pos)
+        row = (record.title, record.model, record.model_fingerprint, record.tokenizer_fingerprint,
+               json.dumps(record.settings), record.system, json.dumps(record.prefix_tokens), record.cache_seqlens)
         with self._guard("save the chat") as db:
             db.execute("BEGIN IMMEDIATE")
             cur = None
-            if chat.id is not None and expect is not None:
-                self._check_unchanged(db, chat.id, expect)
-            if chat.id is not None:
+            if record.id is not None and expect is not None:
+                self._check_unchanged(db, record.id, expect)
+            if record.id is not None:
                 cur = db.execute("UPDATE chats SET title=?, model=?, model_fingerprint=?, tokenizer_fingerprint=?,"
                                  " settings=?, system=?, prefix_tokens=?, cache_pos=?, updated=? WHERE id=?",
-                                 (*row, now, chat.id))
+                                 (*row, now, record.id))
             if cur is None or cur.rowcount == 0:
                 # New, or deleted meanwhile from another window: (re)insert, so nothing is lost.
                 cur = db.execute("INSERT INTO chats (title, model, model_fingerprint, tokenizer_fingerprint,"
                                  " settings, system, prefix_tokens, cache_pos, created, updated, id)"
-                                 " VALUES (?,?,?,?,?,?,?,?,?,?,?)", (*row, chat.created or now, now, chat.id))
-                chat.id, chat.created = cur.lastrowid, chat.created or now
-            db.execute("DELETE FROM messages WHERE chat_id = ?", (chat.id,))
-            rows = [(chat.id, i, m.role, m.content, json.dumps(m.token_ids), json.dumps(m.tool_calls), m.stop)
-                    for i, m in enumerate(chat.messages)]
+                                 " VALUES (?,?,?,?,?,?,?,?,?,?,?)", (*row, record.created or now, now, record.id))
+                record.id, record.created = cur.lastrowid, record.created or now
+            db.execute("DELETE FROM messages WHERE chat_id = ?", (record.id,))
+            rows = [(record.id, i, m.role, m.content, json.dumps(m.token_ids), json.dumps(m.tool_calls), m.stop)
+                    for i, m in enumerate(record.messages)]
             if schema.stop_column(db) == "stop":
                 db.executemany("INSERT INTO messages (chat_id, seq, role, content, token_ids, tool_calls, stop)"
                                " VALUES (?,?,?,?,?,?,?)", rows)
@@ -136,8 +136,8 @@ class ChatStore:
                 db.executemany("INSERT INTO messages (chat_id, seq, role, content, token_ids, tool_calls)"
                                " VALUES (?,?,?,?,?,?)", [r[:6] for r in rows])
             db.execute("COMMIT")
-        chat.updated = now
-        return chat.id
+        record.updated = now
+        return record.id
 
     @staticmethod
     def _check_unchanged(db: sqlite3.Connection, chat_id: int, expect: list[tuple[str, str]]) -> None:

@@ -38,7 +38,7 @@ class ChatRecord:
     settings: dict
     system: str
     prefix_tokens: list[int]
-    cache_pos: int
+    cache_seqlens: int   # the SQL column keeps its first name, cache_pos (schema.py)
     messages: list[StoredMessage] = field(default_factory=list)
     id: int | None = None
     created: float = 0.0

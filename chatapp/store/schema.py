@@ -10,6 +10,7 @@ from pathlib import Path
 from chatapp.store.records import StoreError
 
 SCHEMA_VERSION = 2  # 2: messages.stop (a v1 store gains the column when opened writable)
+# chats.cache_pos is ChatRecord.cache_seqlens: the column keeps the name it was first stored under.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
     id INTEGER PRIMARY KEY AUTOINCREMENT,

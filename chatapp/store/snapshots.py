@@ -220,23 +220,23 @@ class SnapshotWriter:
         self.segments: list[Segment] | None = None  # scanned on first sync
 
     def sync(self, cache: KVCache, tokens: list[int], clean_upto: int) -> SyncResult:
-        """After this, the snapshot covers tokens[:cache.pos]. `clean_upto`: cache positions at
+        """After this, the snapshot covers tokens[:cache.seqlen]. `clean_upto`: cache positions at
         and past it may have been rewritten since the last sync (a retry, undo or trim), so
         segments reaching past it are dropped even when their token ids still match."""
         if self.segments is None:
             self.segments, bad = scan(self.folder)
             for p in bad:
                 p.unlink(missing_ok=True)
-        chain, _ = plan_chain(self.segments, tokens, self.identity, min(clean_upto, cache.pos))
+        chain, _ = plan_chain(self.segments, tokens, self.identity, min(clean_upto, cache.seqlen))
         stale = [s for s in self.segments if s not in chain]
         end, written = (chain[-1].end if chain else 0), 0
-        if len(chain) >= MAX_SEGMENTS and end < cache.pos:
+        if len(chain) >= MAX_SEGMENTS and end < cache.seqlen:
             stale, chain, end = stale + chain, [], 0  # compact: one whole segment instead
-        if end < cache.pos:
-            seg = write_segment(self.folder, cache, end, cache.pos, tokens, self.identity)
+        if end < cache.seqlen:
+            seg = write_segment(self.folder, cache, end, cache.seqlen, tokens, self.identity)
             stale = [s for s in stale if s.path != seg.path]
             chain.append(seg)
-            written = cache.pos - end
+            written = cache.seqlen - end
         for s in stale:
             s.path.unlink(missing_ok=True)
         self.segments = chain

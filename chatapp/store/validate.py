@@ -101,12 +101,12 @@ class Cells:
 def chat_row(row: tuple, msg_rows: list[tuple], ChatRecord, StoredMessage):  # noqa: N803 (database's classes)
     """ChatRecord from the chats row and its message rows, whatever their cells hold. The classes
     come from database.py, which imports this module (and no module imports back)."""
-    (cid, title, model, mfp, tfp, settings, system, prefix, cache_pos, created, updated) = row
+    (cid, title, model, mfp, tfp, settings, system, prefix, cache_seqlens, created, updated) = row
     c = Cells("")
     data = ChatRecord(c.text(title, "title", "untitled") or "untitled", c.text(model, "model"),
                     c.text(mfp, "model fingerprint"), c.text(tfp, "tokenizer fingerprint"), c.settings(settings),
                     c.text(system, "system prompt"), c.ids(prefix, "prefix tokens"),
-                    c.number(cache_pos, "cache_pos"), [], cid, c.number(created, "created", float),
+                    c.number(cache_seqlens, "cache_pos"), [], cid, c.number(created, "created", float),
                     c.number(updated, "updated", float))
     token_damage = data.prefix_tokens is None
     for seq, (role, content, token_ids, tool_calls, stop) in enumerate(msg_rows):

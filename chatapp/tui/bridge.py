@@ -52,11 +52,12 @@ class TurnFinished(Message):
 
 
 class Loaded(Message):
-    """From the load worker: the chat (a ChatKeeper) is ready, and its session's figures."""
+    """From the load worker: the keeper (a ChatKeeper, or --backend's RemoteKeeper) is ready, and
+    its session's figures."""
 
-    def __init__(self, chat, figures: SessionFigures | None) -> None:
+    def __init__(self, keeper, figures: SessionFigures | None) -> None:
         super().__init__()
-        self.chat, self.figures = chat, figures
+        self.keeper, self.figures = keeper, figures
 
 
 class LoadProgress(Message):

@@ -59,13 +59,13 @@ class Loading:
         post = self.app.post_message
         try:
             opener = self.opener or self.open_chat
-            chat = opener(self.args, lambda p: post(LoadProgress(p)))
+            keeper = opener(self.args, lambda p: post(LoadProgress(p)))
         except UserError as e:
             post(LoadFailed(str(e), failure_title(e)))
         except Exception as e:  # a failed load is shown as one line, never a traceback
             post(LoadFailed(f"{type(e).__name__}: {e}"))
         else:
-            post(Loaded(chat, read_figures(chat.session.figures)))  # read here, off the UI thread
+            post(Loaded(keeper, read_figures(keeper.session.figures)))  # read here, off the UI thread
 
     def open_chat(self, args: argparse.Namespace, progress: Callable[[object], None]):
         if getattr(args, "backend", None):
@@ -87,7 +87,7 @@ class Loading:
         self.app.push_screen(ErrorScreen(msg.text, msg.title))
 
     async def loaded(self, msg: Loaded) -> None:
-        app, keeper, t = self.app, msg.chat, self.app.transcript
+        app, keeper, t = self.app, msg.keeper, self.app.transcript
         app.keeper, s = keeper, keeper.session
         app.sub_title = visible(s.lm.name)
         await self.view.redraw()

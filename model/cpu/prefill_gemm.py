@@ -44,6 +44,9 @@ def bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
         lib.qg_gemm.argtypes = [ctypes.c_void_p, ctypes.POINTER(native.QW), ctypes.c_void_p, ctypes.c_int,
                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         lib.qg_simd.restype = ctypes.c_int
+        lib.qg_gemm_glu.argtypes = [ctypes.c_void_p, ctypes.POINTER(native.QW), ctypes.POINTER(native.QW),
+                                    ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                    ctypes.c_int]
     return lib
 
 
@@ -99,17 +102,42 @@ def gemm(lib_: ctypes.CDLL, qw: native.QW, x: torch.Tensor, threads: int, bits: 
     the activations rounded to `bits` (16 or 8)."""
     if not lib_.qg_supports(ctypes.byref(qw)):
         return None
-    xc = x.reshape(-1, qw.cols).contiguous()
+    return _call(lib_, x, qw.cols, qw.rows, threads,
+                 lambda ctx, xp, t, yp, fresh: lib_.qg_gemm(ctx, ctypes.byref(qw), xp, t, yp, fresh, bits))
+
+
+ACTS = {"silu": 0, "gelu_tanh": 1}   # qdecode.c's ACT_SILU, ACT_GELU_TANH
+
+
+def glu(gate: native.QW, up: native.QW, x: torch.Tensor, act: str) -> torch.Tensor | None:
+    """act(x Wg^T) * (x Wu^T) in one C call (a gated MLP's first half, the product formed as the
+    up matrix's blocks are published); None where the GEMM does not serve them."""
+    if not enabled() or x.dtype != torch.float32 or x.device.type != "cpu" or act not in ACTS:
+        return None
+    return glu_with(lib(), gate, up, x, torch.get_num_threads(), act, activation_bits())
+
+
+def glu_with(lib_: ctypes.CDLL, gate: native.QW, up: native.QW, x: torch.Tensor, threads: int, act: str,
+             bits: int = 16) -> torch.Tensor | None:
+    if gate.rows != up.rows or gate.cols != up.cols:
+        return None
+    return _call(lib_, x, gate.cols, gate.rows, threads, lambda ctx, xp, t, yp, fresh: lib_.qg_gemm_glu(
+        ctx, ctypes.byref(gate), ctypes.byref(up), xp, t, yp, fresh, bits, ACTS[act]))
+
+
+def _call(lib_: ctypes.CDLL, x: torch.Tensor, cols: int, rows: int, threads: int, run) -> torch.Tensor | None:
+    """y (..., rows) from `run(ctx, x pointer, tokens, y pointer, fresh)`, 0 on success."""
+    xc = x.reshape(-1, cols).contiguous()
     t = xc.shape[0]
-    y = torch.empty(t, qw.rows)
+    y = torch.empty(t, rows)
     with _LOCK:
-        ctx = _context(lib_, threads, qw.cols)
+        ctx = _context(lib_, threads, cols)
         if not ctx:
             return None
         # q, k and v (and gate and up) read the same input: quantize it once
         ref, version, last_ctx = _LAST
         fresh = int(ref is None or ref() is not x or version != _version(x) or last_ctx != ctx)
-        if lib_.qg_gemm(ctx, ctypes.byref(qw), xc.data_ptr(), t, y.data_ptr(), fresh, bits) != 0:
+        if run(ctx, xc.data_ptr(), t, y.data_ptr(), fresh) != 0:
             return None
         _LAST[:] = [weakref.ref(x), _version(x), ctx]
-    return y.reshape(*x.shape[:-1], qw.rows)
+    return y.reshape(*x.shape[:-1], rows)

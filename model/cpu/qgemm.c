@@ -1,28 +1,30 @@
 /* The prefill's GEMM: Y (T x rows) = X (T x K) W^T over a weight in its block format, with
- * int8 activations, integer dot products and one fp32 scale step per block of 16 or 32 values.
- * #included by qdecode.c after pool.c (it uses QW, the formats of qformats.h and the pool).
+ * integer activations (int16 by default, int8 opt-in), integer dot products and one fp32 scale
+ * step per block of 16 or 32 values. #included by qdecode.c after pool.c (it uses QW, the formats
+ * of qformats.h, act_rows and the pool).
  *
  * Why: MKL's fp32 GEMM on the dequantized matrix was the prefill's ceiling (~815 tok/s on the
- * default model here). AVX-512 VNNI's vpdpbusd does 64 u8 x s8 multiply-adds an instruction
- * where an fp32 FMA does 16 (docs/cpu-prefill.md).
+ * default model here). AVX-512 VNNI's vpdpwssd does 32 int16 multiply-adds an instruction and
+ * vpdpbusd 64 u8 x s8, at one a cycle here, where an fp32 FMA does 16 (docs/cpu-prefill.md).
  *
  * Data, per call:
- *   activations  per token and 32 values: d = amax / 127, qa = round(x / d) in [-127, 127], stored
- *                biased (qa + 128, u8) in groups of 16 tokens: [group][k / 4][16 tokens][4 values],
- *                so one 64-byte load is 4 values of 16 tokens (one int32 lane a token);
- *                with d [group][k / 32][16] and d * sum(qa) [group][k / SUB][16] for the mins.
+ *   activations  per token and 32 values: d = amax / 32767 (int16) or / 127 (int8), qa = round(x / d),
+ *                in groups of 16 tokens so one 64-byte load holds one int32 lane a token:
+ *                int16 [group][k / 2][16 tokens][2 values]; int8 stored biased (qa + 128, u8)
+ *                [group][k / 4][16 tokens][4 values]; with d [group][k / 32][16] and
+ *                d * sum(qa) [group][k / SUB][16] for the mins.
  *   weights      unpacked per block of rows by the thread that computes it, from the file's
- *                bytes: int8 values row-major, and per SUB values (16 or 32) the scale, the min
- *                (value = s * q + m) and -128 * sum(q), which cancels the activations' bias in
- *                the integer sum exactly.
- * So a row r, token t, SUB-block b contributes (float)(sum (qa+128) q - 128 sum q) * (d * s)
- * + (d * sum qa) * m: exact integers, then two fp32 roundings per block in a fixed order (any
- * thread count gives the same bits).
+ *                bytes: int8 values row-major (widened once to int16 for the int16 kernel), and per
+ *                SUB values (16 or 32) the scale, the min (value = s * q + m) and -128 * sum(q),
+ *                which cancels the int8 activations' bias in the integer sum exactly.
+ * So a row r, token t, SUB-block b contributes (float)(sum qa q) * (d * s) + (d * sum qa) * m:
+ * exact integers, then two fp32 roundings per block in a fixed order (any thread count gives the
+ * same bits).
  *
- * Work: one pool phase per call, its blocks are rows (all tokens at once: the block's weights
- * stay in L1 while every token group passes); claimed by compare-and-swap, computed into the
- * thread's own scratch, published by whoever wins the block (pool.c), so a descheduled thread
- * delays nobody. Idle threads spin SPIN_US, then sleep.
+ * Work: one pool phase per call, its blocks are rows; a block's row tiles pass over the tokens
+ * in chunks that stay in L2; claimed by compare-and-swap, computed into the thread's own
+ * scratch, published by whoever wins the block (pool.c), so a descheduled thread delays nobody.
+ * Idle threads spin SPIN_US, then sleep.
  */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(QD_AVX2)
 #define QG_VNNI 1
@@ -39,13 +41,14 @@ typedef struct {
     int nb, rb, t, tp, kind, bits;   /* kind 0: idle, 1: GEMM, 2: quantize x; bits: 8 or 16 */
     const float *x;                  /* kind 2: the input, t x k */
     int k, sub;
+    int glu;                         /* 0, or 1 + act: y = act(y) * (x W^T), y holding the gate's output */
     uint64_t call;
 } GPhase;
 
 typedef struct {
-    int8_t *q; float *sw, *mn; int32_t *wc;   /* one block's unpacked rows */
+    int8_t *q; int16_t *q16; float *sw, *mn; int32_t *wc;   /* one block's unpacked rows (q16: int16 path) */
     float *out;                                /* [tp][rows] */
-    uint8_t *gq, *gl; float *gd, *gs;          /* one token group quantized */
+    uint8_t *gq; float *gd, *gs;               /* one token group quantized */
 } GScratch;
 
 typedef struct {
@@ -55,9 +58,8 @@ typedef struct {
     GPhase ph, next;               /* the open phase; the GEMM that follows a quantize phase */
     uint64_t call;
     int last_bits;
-    uint8_t *aq, *al; float *ad, *as;   /* the quantized input (al: int16's low bytes), written between
-                                           phases; sized once, since
-                                      a straggler of an old phase may still read it */
+    uint8_t *aq; float *ad, *as;   /* the quantized input (int8 or int16), written between phases;
+                                      sized once, since a straggler of an old phase may still read it */
     GScratch *scr;                 /* per thread, sized once likewise */
 } GCtx;
 
@@ -192,55 +194,47 @@ static inline float quant32_16(const float *p, int16_t *v) {
 #endif
 }
 
-/* Tokens [0, t) of x (t x k, row-major) into the biased layout; tokens up to tp are zero (qa = 0).
-   bits 16: qa = 256 hi + lo, hi (biased) in aq, lo (0..255) in al. */
-static void quantize_tokens(const float *x, int t, int tp, int k, int sub, int bits, uint8_t *aq, uint8_t *al,
-                            float *ad, float *as) {
+/* Tokens [0, t) of x (t x k, row-major) into the kernels' layouts; tokens up to tp are zero (qa = 0).
+   bits 8: biased u8 (qa + 128) in aq, [group][k / 4][16 tokens][4 values].
+   bits 16: int16 in aq (as int16_t), [group][k / 2][16 tokens][2 values] (vpdpwssd's pairs). */
+static void quantize_tokens(const float *x, int t, int tp, int k, int sub, int bits, uint8_t *aq, float *ad,
+                            float *as) {
     const int kg = k / 4, nb = k / 32, ns = k / sub;
+    int16_t *a16 = (int16_t *)aq;
     for (int tok = 0; tok < tp; tok++) {
         const int g = tok / QG_TOK, i = tok % QG_TOK;
         for (int b = 0; b < nb; b++) {
             int8_t v[32];
-            uint8_t lo[32];
             int16_t v16[32];
             float d = 0.f;
             int sums[2] = {0, 0};
             if (bits == 16) {
                 if (tok < t) d = quant32_16(x + (size_t)tok * k + 32 * b, v16);
                 else memset(v16, 0, sizeof v16);
-#ifdef QD_AVX2
-                const __m256i a = _mm256_loadu_si256((const __m256i *)v16), c = _mm256_loadu_si256((const __m256i *)(v16 + 16));
-                const __m256i one = _mm256_set1_epi16(1), m8 = _mm256_set1_epi16(0xff);
-                /* the packs work within 128-bit lanes: 0xd8 puts the quarters back in order */
-                _mm256_storeu_si256((__m256i *)v, _mm256_permute4x64_epi64(
-                    _mm256_packs_epi16(_mm256_srai_epi16(a, 8), _mm256_srai_epi16(c, 8)), 0xd8));   /* -128..127 */
-                _mm256_storeu_si256((__m256i *)lo, _mm256_permute4x64_epi64(
-                    _mm256_packus_epi16(_mm256_and_si256(a, m8), _mm256_and_si256(c, m8)), 0xd8));   /* 0..255 */
-                const __m256i s2 = _mm256_hadd_epi32(_mm256_madd_epi16(a, one), _mm256_madd_epi16(c, one));
-                /* s2's int32s: a's pair sums 0-1, c's 0-1, a's 2-3, c's 2-3 (per 128-bit lane) */
-                int32_t ps[8];
-                _mm256_storeu_si256((__m256i *)ps, s2);
-                sums[0] = ps[0] + ps[1] + ps[4] + ps[5];
-                sums[1] = ps[2] + ps[3] + ps[6] + ps[7];
+#ifdef QD_AVX2   /* the scalar loop through the stack was 17% of a GEMM */
+                const __m256i one = _mm256_set1_epi16(1);
+                const __m256i s0 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)v16), one);
+                const __m256i s1 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(v16 + 16)), one);
+                int32_t ps[16];
+                _mm256_storeu_si256((__m256i *)ps, s0);
+                _mm256_storeu_si256((__m256i *)(ps + 8), s1);
+                for (int j = 0; j < 8; j++) { sums[0] += ps[j]; sums[1] += ps[8 + j]; }
 #else
-                for (int j = 0; j < 32; j++) {
-                    sums[j / 16] += v16[j];
-                    v[j] = (int8_t)(v16[j] >> 8);      /* arithmetic: -128..127 */
-                    lo[j] = (uint8_t)(v16[j] & 0xff);
-                }
+                for (int j = 0; j < 32; j++) sums[j / 16] += v16[j];
 #endif
+                int16_t *dst = a16 + (((size_t)g * (k / 2) + 16 * b) * QG_TOK + i) * 2;
+                for (int j = 0; j < 16; j++) memcpy(dst + (size_t)j * QG_TOK * 2, v16 + 2 * j, 4);
             } else {
                 if (tok < t) d = quant32(x + (size_t)tok * k + 32 * b, v);
                 else memset(v, 0, 32);
                 for (int j = 0; j < 32; j++) sums[j / 16] += v[j];
-            }
-            const size_t at = (((size_t)g * kg + 8 * b) * QG_TOK + i) * 4;
-            for (int j = 0; j < 8; j++) {   /* 4 values a token in each 64-byte row of the group */
-                uint32_t u;
-                memcpy(&u, v + 4 * j, 4);
-                u ^= 0x80808080u;            /* + 128 per byte */
-                memcpy(aq + at + (size_t)j * QG_TOK * 4, &u, 4);
-                if (bits == 16) memcpy(al + at + (size_t)j * QG_TOK * 4, lo + 4 * j, 4);
+                const size_t at = (((size_t)g * kg + 8 * b) * QG_TOK + i) * 4;
+                for (int j = 0; j < 8; j++) {   /* 4 values a token in each 64-byte row of the group */
+                    uint32_t u;
+                    memcpy(&u, v + 4 * j, 4);
+                    u ^= 0x80808080u;            /* + 128 per byte */
+                    memcpy(aq + at + (size_t)j * QG_TOK * 4, &u, 4);
+                }
             }
             ad[((size_t)g * nb + b) * QG_TOK + i] = d;
             if (sub == 32) as[((size_t)g * ns + b) * QG_TOK + i] = d * (float)(sums[0] + sums[1]);
@@ -251,37 +245,32 @@ static void quantize_tokens(const float *x, int t, int tp, int k, int sub, int b
 }
 
 /* ---- the kernels: rows [r0, r0 + R) of the unpacked block x token groups [g0, g0 + N) ---------- */
-typedef struct { const int8_t *q; const float *sw, *mn; const int32_t *wc; int k, sub, has_min; } GRows;
-typedef struct { const uint8_t *aq, *al; const float *ad, *as; int k, bits; } GAct;
+typedef struct { const int8_t *q; const int16_t *q16; const float *sw, *mn; const int32_t *wc; int k, sub, has_min; } GRows;
+typedef struct { const uint8_t *aq; const float *ad, *as; int k, bits; } GAct;
 
 #ifdef QG_VNNI
+/* int8 activations: vpdpbusd, 4 values of 16 tokens a lane group, the +128 bias cancelled by wc. */
 static inline __attribute__((always_inline)) void kern_vnni(const GRows *w, const GAct *a, int r0, int g0,
-                                                            float *out, int rb, const int N, const int B16) {
+                                                            float *out, int rb, const int N) {
     const int k = w->k, sub = w->sub, ns = k / sub, kg = k / 4, nb = k / 32;
     __m512 facc[QG_R][3];
     for (int r = 0; r < QG_R; r++) for (int n = 0; n < N; n++) facc[r][n] = _mm512_setzero_ps();
     for (int s = 0; s < ns; s++) {
-        __m512i ia[QG_R][3], il[QG_R][3];
+        __m512i ia[QG_R][3];
         for (int r = 0; r < QG_R; r++) {
             const __m512i c = _mm512_set1_epi32(w->wc[(size_t)(r0 + r) * ns + s]);
-            for (int n = 0; n < N; n++) { ia[r][n] = c; il[r][n] = _mm512_setzero_si512(); }
+            for (int n = 0; n < N; n++) ia[r][n] = c;
         }
         const int kq0 = s * sub / 4;
         for (int j = 0; j < sub / 4; j++) {
-            __m512i av[3], al[3];
-            for (int n = 0; n < N; n++) {
-                const size_t at = (((size_t)(g0 + n) * kg + kq0 + j) * QG_TOK) * 4;
-                av[n] = _mm512_loadu_si512((const void *)(a->aq + at));
-                if (B16) al[n] = _mm512_loadu_si512((const void *)(a->al + at));
-            }
+            __m512i av[3];
+            for (int n = 0; n < N; n++)
+                av[n] = _mm512_loadu_si512((const void *)(a->aq + (((size_t)(g0 + n) * kg + kq0 + j) * QG_TOK) * 4));
             for (int r = 0; r < QG_R; r++) {
                 int32_t wv;
                 memcpy(&wv, w->q + (size_t)(r0 + r) * k + 4 * (kq0 + j), 4);
                 const __m512i wb = _mm512_set1_epi32(wv);
-                for (int n = 0; n < N; n++) {
-                    ia[r][n] = _mm512_dpbusd_epi32(ia[r][n], av[n], wb);
-                    if (B16) il[r][n] = _mm512_dpbusd_epi32(il[r][n], al[n], wb);
-                }
+                for (int n = 0; n < N; n++) ia[r][n] = _mm512_dpbusd_epi32(ia[r][n], av[n], wb);
             }
         }
         const int b32 = s * sub / 32;
@@ -291,8 +280,7 @@ static inline __attribute__((always_inline)) void kern_vnni(const GRows *w, cons
             for (int r = 0; r < QG_R; r++) {
                 const size_t wi = (size_t)(r0 + r) * ns + s;
                 const __m512 scale = _mm512_mul_ps(dv, _mm512_set1_ps(w->sw[wi]));
-                const __m512i isum = B16 ? _mm512_add_epi32(_mm512_slli_epi32(ia[r][n], 8), il[r][n]) : ia[r][n];
-                facc[r][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, facc[r][n]);
+                facc[r][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r][n]), scale, facc[r][n]);
                 if (w->has_min) facc[r][n] = _mm512_fmadd_ps(sv, _mm512_set1_ps(w->mn[wi]), facc[r][n]);
             }
         }
@@ -304,22 +292,83 @@ static inline __attribute__((always_inline)) void kern_vnni(const GRows *w, cons
             for (int i = 0; i < QG_TOK; i++) out[(size_t)((g0 + n) * QG_TOK + i) * rb + r0 + r] = v[i];
         }
 }
+
+/* int16 activations: vpdpwssd, 2 values of 16 tokens a lane group, int16 weights; every loop has
+   constant bounds (N groups, SUB values a scale block) so the accumulators stay in registers (the
+   general kernel this replaces had GCC copying them between registers at every step: 51% of the
+   instruction's peak). The integer sums and the float steps are the portable kernel's. */
+static inline __attribute__((always_inline)) void kern16(const GRows *w, const GAct *a, int r0, int g0,
+                                                         float *out, int rb, const int N, const int SUB) {
+    const int k = w->k, ns = k / SUB, kp = k / 2, nb = k / 32;
+    const int16_t *a16 = (const int16_t *)a->aq;
+    const int16_t *wr0 = w->q16 + (size_t)r0 * k;
+    __m512 facc[QG_R][4];
+    for (int r = 0; r < QG_R; r++) for (int n = 0; n < N; n++) facc[r][n] = _mm512_setzero_ps();
+    for (int s = 0; s < ns; s++) {
+        __m512i acc[QG_R][4];
+        for (int r = 0; r < QG_R; r++) for (int n = 0; n < N; n++) acc[r][n] = _mm512_setzero_si512();
+        const int p0 = s * SUB / 2;
+#pragma GCC unroll 16
+        for (int j = 0; j < SUB / 2; j++) {
+            __m512i av[4];
+            for (int n = 0; n < N; n++)
+                av[n] = _mm512_loadu_si512((const void *)(a16 + (((size_t)(g0 + n) * kp + p0 + j) * QG_TOK) * 2));
+            for (int r = 0; r < QG_R; r++) {
+                int32_t wv;
+                memcpy(&wv, wr0 + (size_t)r * k + 2 * (p0 + j), 4);
+                const __m512i wb = _mm512_set1_epi32(wv);
+                for (int n = 0; n < N; n++) acc[r][n] = _mm512_dpwssd_epi32(acc[r][n], av[n], wb);
+            }
+        }
+        const int b32 = s * SUB / 32;
+        for (int n = 0; n < N; n++) {
+            const __m512 dv = _mm512_loadu_ps(a->ad + ((size_t)(g0 + n) * nb + b32) * QG_TOK);
+            const __m512 sv = _mm512_loadu_ps(a->as + ((size_t)(g0 + n) * ns + s) * QG_TOK);
+            for (int r = 0; r < QG_R; r++) {
+                const size_t wi = (size_t)(r0 + r) * ns + s;
+                const __m512 scale = _mm512_mul_ps(dv, _mm512_set1_ps(w->sw[wi]));
+                facc[r][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][n]), scale, facc[r][n]);
+                if (w->has_min) facc[r][n] = _mm512_fmadd_ps(sv, _mm512_set1_ps(w->mn[wi]), facc[r][n]);
+            }
+        }
+    }
+    for (int n = 0; n < N; n++)
+        for (int r = 0; r < QG_R; r++) {
+            float v[QG_TOK];
+            _mm512_storeu_ps(v, facc[r][n]);
+            for (int i = 0; i < QG_TOK; i++) out[(size_t)((g0 + n) * QG_TOK + i) * rb + r0 + r] = v[i];
+        }
+}
+
+static void kern16_groups(const GRows *w, const GAct *a, int r, int g0, int g1, float *out, int rb) {
+    int g = g0;
+    if (w->sub == 32) {
+        for (; g + 4 <= g1; g += 4) kern16(w, a, r, g, out, rb, 4, 32);
+        if (g1 - g == 3) kern16(w, a, r, g, out, rb, 3, 32);
+        else if (g1 - g == 2) kern16(w, a, r, g, out, rb, 2, 32);
+        else if (g1 - g == 1) kern16(w, a, r, g, out, rb, 1, 32);
+    } else {
+        for (; g + 4 <= g1; g += 4) kern16(w, a, r, g, out, rb, 4, 16);
+        if (g1 - g == 3) kern16(w, a, r, g, out, rb, 3, 16);
+        else if (g1 - g == 2) kern16(w, a, r, g, out, rb, 2, 16);
+        else if (g1 - g == 1) kern16(w, a, r, g, out, rb, 1, 16);
+    }
+}
 #endif
 
 /* Portable C (and any CPU without VNNI): the same sums in the same order. */
 static __attribute__((unused)) void kern_c(const GRows *w, const GAct *a, int r0, int g0, float *out, int rb) {
-    const int k = w->k, sub = w->sub, ns = k / sub, kg = k / 4, nb = k / 32;
+    const int k = w->k, sub = w->sub, ns = k / sub, kg = k / 4, kp = k / 2, nb = k / 32;
+    const int16_t *a16 = (const int16_t *)a->aq;
     for (int r = r0; r < r0 + QG_R; r++)
         for (int i = 0; i < QG_TOK; i++) {
             float acc = 0.f;
             for (int s = 0; s < ns; s++) {
-                int32_t isum = w->wc[(size_t)r * ns + s], lsum = 0;
+                int32_t isum = a->bits == 16 ? 0 : w->wc[(size_t)r * ns + s];
                 for (int j = s * sub; j < (s + 1) * sub; j++) {
-                    const size_t at = (((size_t)g0 * kg + j / 4) * QG_TOK + i) * 4 + j % 4;
-                    isum += (int32_t)a->aq[at] * w->q[(size_t)r * k + j];
-                    if (a->bits == 16) lsum += (int32_t)a->al[at] * w->q[(size_t)r * k + j];
+                    if (a->bits == 16) isum += (int32_t)a16[(((size_t)g0 * kp + j / 2) * QG_TOK + i) * 2 + j % 2] * w->q[(size_t)r * k + j];
+                    else isum += (int32_t)a->aq[(((size_t)g0 * kg + j / 4) * QG_TOK + i) * 4 + j % 4] * w->q[(size_t)r * k + j];
                 }
-                if (a->bits == 16) isum = isum * 256 + lsum;
                 const float d = a->ad[((size_t)g0 * nb + s * sub / 32) * QG_TOK + i];
                 acc = fmaf((float)isum, d * w->sw[(size_t)r * ns + s], acc);
                 if (w->has_min) acc = fmaf(a->as[((size_t)g0 * ns + s) * QG_TOK + i], w->mn[(size_t)r * ns + s], acc);
@@ -330,19 +379,20 @@ static __attribute__((unused)) void kern_c(const GRows *w, const GAct *a, int r0
 
 /* ---- one block: unpack its rows, run every token group ---------------------------------------- */
 #define QG_RB_MAX 64     /* rows a block holds at most */
+#define QG_GCHUNK 8      /* token groups a pass over the block's row tiles (144 tokens: <= 590 KB at k 2,048) */
 
 static int scratch_alloc(GScratch *s, int k) {
     const size_t need = (size_t)QG_RB_MAX * k;
     s->q = malloc(need);
+    s->q16 = malloc(2 * need);
     s->sw = malloc(sizeof(float) * need / 16);
     s->mn = malloc(sizeof(float) * need / 16);
     s->wc = malloc(sizeof(int32_t) * need / 16);
     s->out = malloc(sizeof(float) * QG_TMAX * QG_RB_MAX);
-    s->gq = malloc((size_t)QG_TOK * k);
-    s->gl = malloc((size_t)QG_TOK * k);
+    s->gq = malloc((size_t)2 * QG_TOK * k);
     s->gd = malloc(sizeof(float) * k);
     s->gs = malloc(sizeof(float) * k);
-    return s->q && s->sw && s->mn && s->wc && s->out && s->gq && s->gl && s->gd && s->gs ? 0 : -1;
+    return s->q && s->q16 && s->sw && s->mn && s->wc && s->out && s->gq && s->gd && s->gs ? 0 : -1;
 }
 
 /* Token group b of the input into the shared buffers (computed apart, copied by the winner). */
@@ -350,16 +400,30 @@ static void quant_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
     GScratch *sc = &c->scr[tid];
     const int k = p->k, nb = k / 32, ns = k / p->sub, t0 = b * QG_TOK;
     quantize_tokens(p->x + (size_t)t0 * k, p->t - t0 < QG_TOK ? p->t - t0 : QG_TOK, QG_TOK, k, p->sub, p->bits,
-                    sc->gq, sc->gl, sc->gd, sc->gs);
+                    sc->gq, sc->gd, sc->gs);
     if (!pool_take(&c->pool, s, b)) return;
-    memcpy(c->aq + (size_t)b * QG_TOK * k, sc->gq, (size_t)QG_TOK * k);
-    if (p->bits == 16) memcpy(c->al + (size_t)b * QG_TOK * k, sc->gl, (size_t)QG_TOK * k);
+    const size_t bytes = (size_t)QG_TOK * k * (p->bits / 8);
+    memcpy(c->aq + (size_t)b * bytes, sc->gq, bytes);
     memcpy(c->ad + (size_t)b * nb * QG_TOK, sc->gd, sizeof(float) * nb * QG_TOK);
     memcpy(c->as + (size_t)b * ns * QG_TOK, sc->gs, sizeof(float) * ns * QG_TOK);
     if (pool_published(&c->pool, s, b, p->nb)) {   /* the input is ready: open the GEMM */
         pool_open_begin(&c->pool, s);
         c->ph = c->next;
         pool_open_end(&c->pool, s);
+    }
+}
+
+/* y[r] = act(y[r]) * u[r], r < n, each value through act_rows' vector path (its scalar tail
+   would give other bits, and where a block ends depends on the thread count) */
+static void glu_rows(int act, float *y, const float *u, int n) {
+    const int whole = n / 8 * 8;
+    act_rows(act, y, u, 0, whole);
+    if (whole < n) {
+        float ty[8] = {0}, tu[8] = {0};
+        memcpy(ty, y + whole, sizeof(float) * (n - whole));
+        memcpy(tu, u + whole, sizeof(float) * (n - whole));
+        act_rows(act, ty, tu, 0, 8);
+        memcpy(y + whole, ty, sizeof(float) * (n - whole));
     }
 }
 
@@ -379,30 +443,35 @@ static void gemm_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
     }
     int has_min = 0;
     for (size_t j = 0; j < (size_t)rp * ns && !has_min; j++) has_min = sc->mn[j] != 0.f;
-    GRows wr = {sc->q, sc->sw, sc->mn, sc->wc, w->cols, sub, has_min};
-    GAct a = {c->aq, c->al, c->ad, c->as, w->cols, p->bits};
-    const int ng = p->tp / QG_TOK;
-    for (int r = 0; r < rp; r += QG_R) {
-        if (!pool_unpublished(&c->pool, s, b)) return;   /* a rescued block someone already published */
 #ifdef QG_VNNI
-        int g = 0;
-        if (p->bits == 16) {   /* twice the accumulators: two token groups at a time */
-            for (; g + 2 <= ng; g += 2) kern_vnni(&wr, &a, r, g, sc->out, rp, 2, 1);
-            if (g < ng) kern_vnni(&wr, &a, r, g, sc->out, rp, 1, 1);
-        } else {
-            for (; g + 3 <= ng; g += 3) kern_vnni(&wr, &a, r, g, sc->out, rp, 3, 0);
-            if (ng - g == 2) kern_vnni(&wr, &a, r, g, sc->out, rp, 2, 0);
-            else if (ng - g == 1) kern_vnni(&wr, &a, r, g, sc->out, rp, 1, 0);
-        }
-#else
-        for (int g = 0; g < ng; g++) kern_c(&wr, &a, r, g, sc->out, rp);
+    if (p->bits == 16)   /* vpdpwssd multiplies int16 by int16: widen the block's weights once */
+        for (size_t j = 0; j < (size_t)rp * w->cols; j++) sc->q16[j] = sc->q[j];
 #endif
+    GRows wr = {sc->q, sc->q16, sc->sw, sc->mn, sc->wc, w->cols, sub, has_min};
+    GAct a = {c->aq, c->ad, c->as, w->cols, p->bits};
+    const int ng = p->tp / QG_TOK;
+    /* token groups in chunks whose activations stay in L2 while every row tile passes over them */
+    for (int g0 = 0; g0 < ng; g0 += QG_GCHUNK) {
+        const int g1 = g0 + QG_GCHUNK < ng ? g0 + QG_GCHUNK : ng;
+        for (int r = 0; r < rp; r += QG_R) {
+            if (!pool_unpublished(&c->pool, s, b)) return;   /* a rescued block someone already published */
+#ifdef QG_VNNI
+            if (p->bits == 16) { kern16_groups(&wr, &a, r, g0, g1, sc->out, rp); continue; }
+            int g = g0;
+            for (; g + 3 <= g1; g += 3) kern_vnni(&wr, &a, r, g, sc->out, rp, 3);
+            if (g1 - g == 2) kern_vnni(&wr, &a, r, g, sc->out, rp, 2);
+            else if (g1 - g == 1) kern_vnni(&wr, &a, r, g, sc->out, rp, 1);
+#else
+            for (int g = g0; g < g1; g++) kern_c(&wr, &a, r, g, sc->out, rp);
+#endif
+        }
     }
     if (!pool_take(&c->pool, s, b)) return;
     for (int t = 0; t < p->t; t++) {
         float *dst = p->y + (size_t)t * w->rows + r0;
         const float *src = sc->out + (size_t)t * rp;
-        if (w->bias) for (int r = 0; r < rows; r++) dst[r] = src[r] + w->bias[r0 + r];
+        if (p->glu) glu_rows(p->glu - 1, dst, src, rows);   /* the gate's rows, now act(gate) * up */
+        else if (w->bias) for (int r = 0; r < rows; r++) dst[r] = src[r] + w->bias[r0 + r];
         else memcpy(dst, src, sizeof(float) * rows);
     }
     if (pool_published(&c->pool, s, b, p->nb)) {
@@ -448,11 +517,10 @@ void *qg_new(int n_threads, int k_max) {
     c->k_max = k_max = (k_max + 31) / 32 * 32;
     c->scr = calloc((size_t)c->nt, sizeof(GScratch));
     c->workers = calloc((size_t)c->nt, sizeof(pthread_t));
-    c->aq = malloc((size_t)QG_TMAX * k_max);
-    c->al = malloc((size_t)QG_TMAX * k_max);
+    c->aq = malloc((size_t)2 * QG_TMAX * k_max);
     c->ad = malloc(sizeof(float) * QG_TMAX * (k_max / 16));
     c->as = malloc(sizeof(float) * QG_TMAX * (k_max / 16));
-    int bad = !c->scr || !c->workers || !c->aq || !c->al || !c->ad || !c->as;
+    int bad = !c->scr || !c->workers || !c->aq || !c->ad || !c->as;
     for (int t = 0; t < c->nt && !bad; t++) bad = scratch_alloc(&c->scr[t], k_max) != 0;
     if (bad || pool_init(&c->pool, QG_MAX_BLOCKS) != 0) { c->nt = 1; qg_free(c); return NULL; }
     for (int t = 1; t < c->nt; t++) {   /* fewer threads if the OS gives fewer: the work is shared out anyway */
@@ -473,17 +541,34 @@ void qg_free(void *p) {
     }
     for (int t = 0; c->scr && t < c->nt; t++) {
         GScratch *s = &c->scr[t];
-        free(s->q); free(s->sw); free(s->mn); free(s->wc); free(s->out);
-        free(s->gq); free(s->gl); free(s->gd); free(s->gs);
+        free(s->q); free(s->q16); free(s->sw); free(s->mn); free(s->wc); free(s->out);
+        free(s->gq); free(s->gd); free(s->gs);
     }
-    free(c->aq); free(c->al); free(c->ad); free(c->as); free(c->scr); free(c->workers); free(c);
+    free(c->aq); free(c->ad); free(c->as); free(c->scr); free(c->workers); free(c);
 }
 
 /* y (t x w->rows) = x (t x w->cols) W^T (+ bias), the activations rounded to `bits` (16: as the
    decode step rounds them; 8: llama.cpp's choice). `fresh` 0: x is the input of the previous call
    (same values), already quantized (ignored when t or SUB differ). Returns 0, or -1 (the caller falls back). */
+static int gemm_call(GCtx *c, const QW *w, const float *x, int t, float *y, int fresh, int bits, int glu);
+
 int qg_gemm(void *p, const QW *w, const float *x, int t, float *y, int fresh, int bits) {
-    GCtx *c = p;
+    return gemm_call(p, w, x, t, y, fresh, bits, 0);
+}
+
+/* y (t x rows) = act(x Wg^T) * (x Wu^T): a gated MLP's first half in two phases, the product
+   formed as each up block is published (the gate's output is complete by then), so the MLP's
+   hidden activations are written once and never pass through PyTorch. act: ACT_SILU or
+   ACT_GELU_TANH (the decode step's act_rows). Returns 0, or -1 (the caller runs them apart). */
+int qg_gemm_glu(void *p, const QW *wg, const QW *wu, const float *x, int t, float *y, int fresh, int bits, int act) {
+    if (wg->rows != wu->rows || wg->cols != wu->cols || wg->bias || wu->bias || (act != ACT_SILU && act != ACT_GELU_TANH)
+        || !qg_supports(wg) || !qg_supports(wu))
+        return -1;
+    if (gemm_call(p, wg, x, t, y, fresh, bits, 0) != 0) return -1;
+    return gemm_call(p, wu, x, t, y, 0, bits, 1 + act);
+}
+
+static int gemm_call(GCtx *c, const QW *w, const float *x, int t, float *y, int fresh, int bits, int glu) {
     if (!c || !qg_supports(w) || t < 1 || w->cols > c->k_max || (bits != 8 && bits != 16)) return -1;
     const int sub = qg_sub(w);
     /* rows a block: about 8 blocks a thread, whole kernel tiles, at most QG_RB_MAX */
@@ -498,7 +583,7 @@ int qg_gemm(void *p, const QW *w, const float *x, int t, float *y, int fresh, in
     for (int t0 = 0; t0 < t; t0 += QG_TMAX) {
         const int tn = t - t0 < QG_TMAX ? t - t0 : QG_TMAX, tp = (tn + QG_TOK - 1) / QG_TOK * QG_TOK;
         GPhase ph = {*w, y + (size_t)t0 * w->rows, (w->rows + rb - 1) / rb, rb, tn, tp, 1, bits, NULL, w->cols, sub,
-                     ++c->call};
+                     glu, ++c->call};
         uint64_t s = atomic_load(&c->pool.seq);
         pool_open_begin(&c->pool, s);
         if (fresh) {   /* first a phase that quantizes the input, one token group a block */

@@ -122,6 +122,13 @@ class QLinear(nn.Module):
         return F.linear(x.float(), self.weight_fp32(), self.bias)
 
 
+    def glu(self, up: nn.Module, x: torch.Tensor, act: str) -> torch.Tensor | None:
+        """act(self(x)) * up(x) in one C call for a prefill (GatedMLP asks), else None."""
+        if not (isinstance(up, QLinear) and self.blocks and up.blocks) or x.numel() == self.in_features:
+            return None
+        return prefill_gemm.glu(self.qw(), up.qw(), x, act)
+
+
 class QEmbedding(nn.Module):
     """Token embeddings read from a QLinear's rows (shared with the head when tied)."""
 

@@ -1,7 +1,7 @@
 """The CPU decode step of a quantized Llama-shaped or Gemma 3 model: one C call a token (qdecode.c).
 
 The step reads the model's QLinear buffers and the persistent KV cache in place: it writes
-the new token's K/V at `cache.pos` and advances the cache like any forward would, so the
+the new token's K/V at `cache.seqlen` and advances the cache like any forward would, so the
 cache invariant (docs/cache-invariant.md) holds after it exactly as after a prefill.
 """
 
@@ -80,10 +80,10 @@ class CpuStep:
         return self.keep[-1].data_ptr()
 
     def __call__(self, tok: int) -> torch.Tensor:
-        """Logits of `tok` fed at cache.pos; the cache advances by one."""
+        """Logits of `tok` fed at cache.seqlen; the cache advances by one."""
         c = self.cache
         c.check_fits(1)
-        rc = self.lib.qd_step(self.ctx, int(tok), c.pos, c.k_cache.data_ptr(), c.v_cache.data_ptr(),
+        rc = self.lib.qd_step(self.ctx, int(tok), c.seqlen, c.k_cache.data_ptr(), c.v_cache.data_ptr(),
                               self.logits.data_ptr())
         if rc != 0:
             raise ValueError(f"token id {tok} is outside the vocabulary")

@@ -70,7 +70,7 @@ class Generator:
             return None
         try:
             return PrefillGraphs(self.model, self.cache, cfg.num_splits, cfg.prefill_bucket,
-                                 fused=cfg.fused and cfg.prefill_fused)
+                                 fused=cfg.fused and cfg.prefill_fused, pool=self.graphs.pool)
         except NotImplementedError:
             return None
 

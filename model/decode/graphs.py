@@ -9,7 +9,7 @@ One host sync per token: `sample()` copies the token to pinned memory and, befor
 for it, already launches the next step with it (lookahead): its K/V land at cache_seqlens,
 past the cache's end, where nothing reads them (docs/cache-invariant.md). Only `feed()` of
 that same token advances the cache; anything else (a stop token, a rewind, another token)
-just drops the speculative result. So `cache_seqlens == cache.pos` holds at every moment.
+just drops the speculative result. So `cache_seqlens == cache.seqlen` holds at every moment.
 
 Greedy decoding skips the sampler graph: the step graph ends with the argmax itself
 (decode/greedy.py), which leaves the token in the step's input and in a pinned host slot,
@@ -22,6 +22,7 @@ import torch
 
 from kvcache import KVCache
 from model.decode import triton_available
+from model.decode.capture import capture
 from model.decode.graph_config import GraphConfig
 from model.decode.sampling import DeviceSampler, SamplingConfig
 from model.decode.steps import build_step
@@ -39,7 +40,7 @@ class GraphDecoder:
         self.attn = model.attn if hasattr(model, "attn") else None
         self.logits = step.logits[:vocab_size]
         self.sampler = DeviceSampler(self.logits, step.tok)
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = torch.cuda.graph_pool_handle()  # the prefill graphs share it (decode/generate.py)
         self.host_tok = torch.zeros(1, dtype=torch.long).pin_memory()
         self.events = [torch.cuda.Event() for _ in range(4)]  # a ring: at most two are waited on at once
         self.ahead: tuple[int, int] | None = None   # (pos, tok) of a step launched speculatively
@@ -57,22 +58,12 @@ class GraphDecoder:
         self.name = getattr(step, "name", "graph")
 
     def _capture(self, fn, rng: torch.Generator | None = None) -> torch.cuda.CUDAGraph:
-        c = self.cache
-        if c.free < 1:
+        if self.cache.free < 1:
             raise RuntimeError("cannot capture the decode step with a full cache")
-        graph = torch.cuda.CUDAGraph()
-        if rng is not None and hasattr(graph, "register_generator_state"):
-            graph.register_generator_state(rng)
+        if rng is not None and hasattr(torch.cuda.CUDAGraph, "register_generator_state"):
             self.sampler.gen = rng
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up compiles the kernels; its K/V land past the end
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(graph, pool=self.pool):
-            fn()
-        return graph
+        # two warm-ups compile the kernels; their K/V land past the end (decode/capture.py)
+        return capture(fn, self.cache.device, self.pool, warmups=2, rng=rng)
 
     def _step_and_pick(self) -> None:
         self.step()
@@ -82,11 +73,11 @@ class GraphDecoder:
             greedy_pick(self.logits, self.cache.cache_seqlens, self.step.tok, self.host_picks, self.pdl)
 
     def _replay(self) -> None:
-        """One step at cache_seqlens; its greedy token lands in host slot `cache.pos`."""
+        """One step at cache_seqlens; its greedy token lands in host slot `cache.seqlen`."""
         self.step_graph.replay()
         self.events.append(ev := self.events.pop(0))
         ev.record()
-        self.picked = (self.cache.pos, ev)
+        self.picked = (self.cache.seqlen, ev)
 
     # --- the state the host and the device must agree on -----------------------
     def settle(self) -> None:
@@ -104,7 +95,7 @@ class GraphDecoder:
     def feed(self, tok: int) -> None:
         c = self.cache
         if self.ahead is not None:
-            if self.ahead == (c.pos, tok):  # already computed while the host read the token
+            if self.ahead == (c.seqlen, tok):  # already computed while the host read the token
                 self.ahead = None
                 self._advanced(tok)
                 return
@@ -124,7 +115,7 @@ class GraphDecoder:
         if self.ahead is not None:  # sampled before, never fed: the logits moved on; recompute
             self._refeed_last()
         mode = ("greedy_penalized" if cfg.penalized else "greedy") if cfg.temperature <= 0 else "sample"
-        pos = self.cache.pos
+        pos = self.cache.seqlen
         picked = self.picked if mode == "greedy" and self.picks else None
         if picked is not None and picked[0] == pos - 1:  # the last step already picked it
             done, host = picked[1], self.host_picks[pos - 1:pos]
@@ -148,7 +139,7 @@ class GraphDecoder:
 
     def _refeed_last(self) -> None:
         self.settle()
-        if self.last_tok is None or self.cache.pos < 1:
+        if self.last_tok is None or self.cache.seqlen < 1:
             raise RuntimeError("no logits to sample from: prefill first")
-        self.cache.rewind(self.cache.pos - 1)
+        self.cache.rewind(self.cache.seqlen - 1)
         self.feed(self.last_tok)

@@ -16,6 +16,7 @@ import torch
 
 from kvcache import KVCache
 from model.decode import triton_available
+from model.decode.capture import capture
 from model.decode.steps import family_name, prefill_step_for
 
 BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -62,7 +63,7 @@ class PrefillGraphs:
     """Captured prefill for one model and cache: `run(ids, n)` pushes n <= max_bucket tokens."""
 
     def __init__(self, model: torch.nn.Module, cache: KVCache, num_splits: int = 1, max_bucket: int = 0,
-                 fused: bool = False):
+                 fused: bool = False, pool=None):
         plain = prefill_step_for(model)
         if plain is None:
             raise NotImplementedError(f"no capturable prefill for {type(model).__name__}")
@@ -79,7 +80,10 @@ class PrefillGraphs:
         self.logits = torch.zeros(model.config.vocab_size, dtype=torch.float32, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.steps: dict[int, object] = {}
-        self.pool = torch.cuda.graph_pool_handle()  # shared: each graph's memory is scratch only
+        # Shared by every bucket and the decode graphs (`pool`): each graph's memory is scratch,
+        # and no two of them ever run at once (one stream).
+        self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
+        self.largest_first = True
 
     def bucket_for(self, n: int) -> int | None:
         """The smallest bucket holding n tokens whose padding fits in the cache, or None."""
@@ -92,7 +96,7 @@ class PrefillGraphs:
         self.cache.check_fits(bucket)  # the padding's K/V land in the cache too
         self.ids[0, :n].copy_(ids)
         self.last.fill_(n - 1)
-        graph = self.graphs.get(bucket) or self._capture(bucket)
+        graph = self.graphs.get(bucket) or self._capture_for(bucket)
         graph.replay()
         self.cache.advance(n)
         return self.logits
@@ -101,15 +105,19 @@ class PrefillGraphs:
     def names(self) -> set[str]:
         return set().union(*(s.attend.names for s in self.steps.values()))
 
+    def _capture_for(self, bucket: int) -> torch.cuda.CUDAGraph:
+        """The largest bucket is captured before any other (where the cache has room for its
+        padding): a smaller one then reuses the blocks it freed in the shared pool, so the pool
+        holds one bucket's activations, not the sum of every length a session meets."""
+        top = self.max_bucket
+        if self.largest_first and bucket < top and top not in self.graphs and top <= self.cache.free:
+            self._capture(top)
+        return self._capture(bucket)
+
     def _capture(self, bucket: int) -> torch.cuda.CUDAGraph:
         step = self.make(self.model, self.cache, self.ids[:, :bucket], self.last, self.logits, self.num_splits)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # compiles kernels, makes cuBLAS handles; its K/V land past the end
-            step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            step()
+        # The warm-up compiles kernels and makes cuBLAS's handle; its K/V land past the end, and its
+        # activations are released before the graph allocates its own (decode/capture.py).
+        graph = capture(step, self.cache.device, self.pool, release=True, mode="thread_local")
         self.graphs[bucket], self.steps[bucket] = graph, step
         return graph

@@ -18,8 +18,8 @@ from kvcache import Attention, KVCache
 
 class StepAttention:
     """The attention call of a capturable one-token decode step, with `kvcache.Attention`'s
-    signature so a family's forward takes either: the new token, at position `pos` (a device
-    tensor set by `start`), is written into the layer's cache and attends to it. Flash reads the
+    signature so a family's forward takes either: the new token, at position `cache_seqlens` (the
+    device tensor `start` is given), is written into the layer's cache and attends to it. Flash reads the
     key count from `seqlens_k`; SDPA masks over the whole capacity."""
 
     def __init__(self, attn: Attention, cache: KVCache, num_splits: int = 1):
@@ -31,26 +31,26 @@ class StepAttention:
         self.key_pos = torch.arange(cache.capacity, device=dev)
         self.seqlens_k = torch.zeros(1, dtype=torch.int32, device=dev)
         self.name = self.flash.name if self.flash else "sdpa"
-        self.pos = self.posl = cache.cache_seqlens
+        self.cache_seqlens = self.seqlens_long = cache.cache_seqlens
 
-    def start(self, pos: torch.Tensor) -> None:
+    def start(self, cache_seqlens: torch.Tensor) -> None:
         """Once a step, before its layers: the position, and the key count flash reads (the new
         token included)."""
-        self.pos, self.posl = pos, pos.long()
-        torch.add(pos, 1, out=self.seqlens_k)
+        self.cache_seqlens, self.seqlens_long = cache_seqlens, cache_seqlens.long()
+        torch.add(cache_seqlens, 1, out=self.seqlens_k)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer_idx: int,
                  causal: bool = True, window_size: tuple[int, int] = (-1, -1)) -> torch.Tensor:
-        """q: (1, 1, Hq, D); k, v: (1, 1, Hk, D), written at `pos` before attending."""
+        """q: (1, 1, Hq, D); k, v: (1, 1, Hk, D), written at `cache_seqlens` before attending."""
         kc, vc = cache.get_layer_cache(layer_idx)
-        kc.index_copy_(1, self.posl, k)
-        vc.index_copy_(1, self.posl, v)
+        kc.index_copy_(1, self.seqlens_long, k)
+        vc.index_copy_(1, self.seqlens_long, v)
         if self.flash is not None and (window_size == (-1, -1) or self.flash.windows):
             return self.flash.fn(q, kc, vc, cache_seqlens=self.seqlens_k, causal=True, window_size=window_size,
                                  num_splits=self.num_splits)
-        mask = self.key_pos <= self.pos
+        mask = self.key_pos <= self.cache_seqlens
         if window_size[0] >= 0:
-            mask = mask & (self.key_pos >= self.pos - window_size[0])
+            mask = mask & (self.key_pos >= self.cache_seqlens - window_size[0])
         out = F.scaled_dot_product_attention(q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2),
                                              attn_mask=mask[None, None, None, :], enable_gqa=True)
         return out.transpose(1, 2)

@@ -1,17 +1,13 @@
-"""Gemma 3 (text): the Llama shape with Gemma's differences, over one persistent KVCache.
+"""Gemma 3 (text): the Llama shape with Gemma's differences, over one persistent KVCache; with it
+its config, its GGUF layout and its `random:` presets (model/families/declare.py).
 
 What differs from model/families/llama.py (docs/gemma.md has the details and where each was checked):
-- RMSNorm scales by (1 + weight), computed in fp32 and rounded once at the end;
-- four norms per layer: around attention (input, post-attention) and around the MLP
-  (pre-feedforward, post-feedforward); the "post" norms apply to the sublayer's output
-  before the residual add;
-- per-head RMSNorm of q and k (like Qwen3), then rotary;
-- embeddings multiplied by sqrt(hidden), that multiplier first rounded to the weights' dtype;
-- attention scores scaled by 1/sqrt(query_pre_attn_scalar) instead of 1/sqrt(head_dim);
-- GeGLU MLP (tanh-approximated GELU);
-- sliding-window layers (a window of W keys, the current one included) with their own rotary
-  base, and full-attention layers with another (layer_types says which is which);
-- an optional final tanh softcap on the logits.
+(1 + weight) RMSNorms in fp32, rounded once at the end, four a layer (the "post" ones on the
+sublayer's output, before the residual add); per-head q and k norms before rotary; embeddings
+times sqrt(hidden), rounded to the weights' dtype first; scores scaled by
+1/sqrt(query_pre_attn_scalar); a GeGLU MLP (tanh GELU); sliding-window layers (W keys, the
+current one included) with their own rotary base beside the full-attention ones (layer_types);
+an optional final tanh softcap on the logits.
 
 The cache holds every position for every layer; a windowed layer only reads its last W
 keys, through the attention entry point's window_size, so rewinding stays O(1).
@@ -22,14 +18,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn as nn
 
 from kvcache import Attention, KVCache
+from model.families.declare import LLAMA_PARTS, GGUFLayout, RandomWeights, check_fields, check_heads
 from model.families.layers import GatedMLP, LlamaShaped, apply_rotary, embedding, gelu_tanh, rope_rows, rotary_tables
 from model.limits import refuse_unsupported
 
 SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+def every_nth_full(layers: int, n: int = 6) -> list[str]:
+    """Gemma 3's pattern (n = 6): n - 1 sliding-window layers, then one full-attention layer."""
+    return [FULL if (i + 1) % n == 0 else SLIDING for i in range(layers)]
 
 
 @dataclass
@@ -53,27 +56,21 @@ class GemmaConfig:
     tie_word_embeddings: bool = True
 
     def __post_init__(self):
-        """ValueError naming the field for a config no model can be built from."""
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window"):
-            if type(v := getattr(self, name)) is not int or v < 1:
-                raise ValueError(f"{name} must be a whole number >= 1, not {v!r}")
-        for name in ("rms_norm_eps", "rope_theta", "rope_local_base_freq", "rope_scaling_factor",
-                     "query_pre_attn_scalar") + (("final_logit_softcapping",) if self.final_logit_softcapping else ()):
-            if type(v := getattr(self, name)) not in (int, float) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"{name} must be a positive number, not {v!r}")
-        if self.num_attention_heads % self.num_key_value_heads or self.head_dim % 2:
-            raise ValueError(f"num_attention_heads {self.num_attention_heads}, num_key_value_heads "
-                             f"{self.num_key_value_heads}, head_dim {self.head_dim}: heads must group evenly "
-                             "and the head size must be even")
-        if not self.layer_types:   # Gemma 3's pattern: every 6th layer is global
-            self.layer_types = [FULL if (i + 1) % 6 == 0 else SLIDING for i in range(self.num_hidden_layers)]
+        """ValueError naming the field for a config no model can be built from (layers.check_fields)."""
+        cap = ("final_logit_softcapping",) if self.final_logit_softcapping else ()
+        check_fields(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                            "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+                            "sliding_window"),
+                     positive=("rms_norm_eps", "rope_theta", "rope_local_base_freq", "rope_scaling_factor",
+                               "query_pre_attn_scalar") + cap)
+        check_heads(self)
+        if not self.layer_types:
+            self.layer_types = every_nth_full(self.num_hidden_layers)
         if (not isinstance(self.layer_types, list) or len(self.layer_types) != self.num_hidden_layers
                 or any(t not in (SLIDING, FULL) for t in self.layer_types)):
             raise ValueError(f"layer_types must list {SLIDING!r} or {FULL!r} for each of the "
                              f"{self.num_hidden_layers} layers, not {self.layer_types!r}")
-        if type(self.tie_word_embeddings) is not bool:
-            raise ValueError(f"tie_word_embeddings must be true or false, not {self.tie_word_embeddings!r}")
+        check_fields(self, flags=("tie_word_embeddings",))
 
     def window(self, layer: int) -> tuple[int, int]:
         """FlashAttention's window_size: (W - 1, 0) keeps W keys (the query's own included),
@@ -93,7 +90,7 @@ class GemmaConfig:
             p = d["sliding_window_pattern"]
             if type(p) is not int or p < 1:
                 raise ValueError(f"sliding_window_pattern must be a whole number >= 1, not {p!r}")
-            out["layer_types"] = [FULL if (i + 1) % p == 0 else SLIDING for i in range(d.get("num_hidden_layers", 18))]
+            out["layer_types"] = every_nth_full(d.get("num_hidden_layers", 18), p)
         out.update(gemma_rope(d))
         return cls(**out, **fixed)
 
@@ -165,8 +162,7 @@ class GemmaAttention(nn.Module):
         self.q_scale = math.sqrt(self.hd / cfg.query_pre_attn_scalar)
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(B, T, heads, head_dim) q (normed, rotated, rescaled), k (normed, rotated) and v:
-        shared with the decode step."""
+        """(B, T, heads, head_dim) q (normed, rotated, rescaled), k (normed, rotated), v: the steps' too."""
         b, t, _ = x.shape
         q = apply_rotary(self.q_norm(self.q_proj(x).view(b, t, self.n_head, self.hd)), cos, sin)
         k = apply_rotary(self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.hd)), cos, sin)
@@ -194,8 +190,7 @@ class GemmaBlock(nn.Module):
         self.post_feedforward_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def after_attention(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        """The residual add of the attention output (post-normed), then the MLP sublayer:
-        shared with the decode step."""
+        """The attention output post-normed and added, then the MLP sublayer: the steps' too."""
         x = x + self.post_attention_layernorm(attn_out)
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
@@ -214,14 +209,7 @@ class GemmaBody(nn.Module):
 
 class Gemma(LlamaShaped):
     def __init__(self, cfg: GemmaConfig, attn: Attention | None = None):
-        super().__init__(cfg.max_position_embeddings)
-        self.config = cfg
-        self.attn = attn or Attention("auto")
-        self.model = GemmaBody(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-        self._rope: dict[bool, tuple[torch.Tensor, torch.Tensor]] | None = None
+        super().__init__(cfg, attn, GemmaBody(cfg))
 
     def rope(self, device: torch.device) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
         """fp32 (cos, sin) tables keyed by "is the layer sliding": two rotary bases."""
@@ -259,3 +247,54 @@ class Gemma(LlamaShaped):
         if step is None:
             cache.advance(t)
         return self.head(x[:, -1:] if last else x)
+
+
+# GGUF (llama.cpp's gemma3): its converter adds 1 to every norm weight (its norm multiplies by w),
+# which we take off, as transformers does, and permutes no Q/K rows. The local rotary base, the
+# layer pattern and the query scale are fixed in llama.cpp's gemma3 code, so we use its values.
+def gguf_config(g, c: dict) -> dict:
+    a, heads, hidden, layers = g.arch, c["num_attention_heads"], c["hidden_size"], c["num_hidden_layers"]
+    if g.get(f"{a}.attention.value_length", c["head_dim"]) != c["head_dim"]:
+        raise ValueError(f"{a}.attention.value_length differs from key_length (not supported)")
+    scaling, factor = g.get(f"{a}.rope.scaling.type", "none"), 1.0
+    if scaling == "linear":
+        factor = g.f32(f"{a}.rope.scaling.factor")
+    elif scaling not in ("none", None):
+        raise ValueError(f"{a}.rope.scaling.type {scaling!r} is not supported")
+    return {
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", **c,
+        "rope_local_base_freq": 10_000.0,   # llama.cpp's rope_freq_base_train_swa
+        "rope_scaling": {"rope_type": "linear", "factor": factor} if factor != 1.0 else None,
+        "sliding_window": g.need(f"{a}.attention.sliding_window"),
+        "layer_types": every_nth_full(layers),
+        # llama.cpp scales by 1/sqrt(head_dim), except Gemma 3 27B (62 layers): 1/sqrt(hidden/heads).
+        "query_pre_attn_scalar": hidden // heads if layers == 62 else c["head_dim"],
+        "final_logit_softcapping": g.get(f"{a}.final_logit_softcapping") or None,
+        "hidden_activation": "gelu_pytorch_tanh",
+    }
+
+
+GGUF = GGUFLayout(
+    "Gemma 3 text", config=gguf_config, sentencepiece=("gemma", "GemmaTokenizer", 32768), sentencepiece_only=True,
+    fix_tensor=lambda name, w: w - np.float32(1.0) if name.endswith("norm.weight") else w,
+    rules=lambda a: [(f"{a}.attn_logit_softcapping", bool, "attention logit softcapping is not supported"),
+                     (f"{a}.expert_count", bool, "mixture-of-experts models are not supported")],
+    layer_names={**LLAMA_PARTS, "attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
+                 "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
+    rope_theta=1_000_000.0, context=32768)
+
+
+def init_random(model: Gemma) -> None:
+    """Norms random too (small, around 0: Gemma scales by 1 + w): a misplaced one would show."""
+    for name, p in model.named_parameters():
+        p.normal_(0.0, 0.1 if "norm" in name else 0.02 if "embed" in name else 0.08)
+
+
+RANDOM = RandomWeights(init=init_random, presets={
+    # Gemma 3 270M's real shapes (its GGUF's metadata), which are GemmaConfig's defaults: 18 layers,
+    # width 640, 4 query heads and 1 KV head of 256, FFN 2048, 262k vocabulary, a 512-key window.
+    "gemma3-270m": {},
+    # A few layers with a short window, fast on a CPU.
+    "tiny-gemma3": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=8,
+                        query_pre_attn_scalar=24, max_position_embeddings=2048)})

@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from kvcache import Attention, KVCache
+from model.families.declare import LLAMA_PARTS, GGUFLayout, RandomWeights, check_fields, check_heads
 from model.families.layers import (
     GatedMLP,
     LlamaShaped,
@@ -48,25 +49,15 @@ class LlamaConfig:
     rope_freq_factors: list[float] | None = None  # llama.cpp's rope_freqs tensor (a converted GGUF)
 
     def __post_init__(self):
-        """ValueError naming the field for a config no model can be built from: a hand-edited
-        config.json or GGUF metadata must fail here, not as a ZeroDivisionError or NaN later."""
+        """ValueError naming the field for a config no model can be built from (layers.check_fields)."""
         explicit = ("head_dim",) if self.head_dim is not None else ()  # [] or 0 too: not "derive it"
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "max_position_embeddings") + explicit:
-            if type(v := getattr(self, name)) is not int or v < 1:
-                raise ValueError(f"{name} must be a whole number >= 1, not {v!r}")
-        for name in ("rms_norm_eps", "rope_theta"):
-            if type(v := getattr(self, name)) not in (int, float) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"{name} must be a positive number, not {v!r}")
+        check_fields(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                            "num_attention_heads", "num_key_value_heads", "max_position_embeddings") + explicit,
+                     positive=("rms_norm_eps", "rope_theta"))
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.num_attention_heads % self.num_key_value_heads or self.head_dim % 2:
-            raise ValueError(f"num_attention_heads {self.num_attention_heads}, num_key_value_heads "
-                             f"{self.num_key_value_heads}, head_dim {self.head_dim}: heads must group evenly "
-                             "and the head size must be even")
-        for name in ("tie_word_embeddings", "attention_bias", "qk_norm"):
-            if type(v := getattr(self, name)) is not bool:
-                raise ValueError(f"{name} must be true or false, not {v!r}")
+        check_heads(self)
+        check_fields(self, flags=("tie_word_embeddings", "attention_bias", "qk_norm"))
         self.freq_factors()  # a bad rope_scaling fails now, naming its key
 
     def freq_factors(self) -> list[float] | None:
@@ -200,14 +191,7 @@ class LlamaBody(nn.Module):
 
 class Llama(LlamaShaped):
     def __init__(self, cfg: LlamaConfig, attn: Attention | None = None):
-        super().__init__(cfg.max_position_embeddings)
-        self.config = cfg
-        self.attn = attn or Attention("auto")
-        self.model = LlamaBody(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # fp32 even in a bf16 model
+        super().__init__(cfg, attn, LlamaBody(cfg))
 
     def rope(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         n = self.rope_length()
@@ -231,3 +215,69 @@ class Llama(LlamaShaped):
         if step is None:
             cache.advance(t)
         return self.lm_head(self.model.norm(x[:, -1:] if last else x)).float()
+
+
+# GGUF (llama.cpp's llama, qwen2 and qwen3): Llama 3.x scaling comes as a rope_freqs tensor
+# (model/loading/gguf.py), never as a scaling type.
+HF_NAMES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def gguf_config(g, c: dict) -> dict:
+    a = g.arch
+    scaling = g.get(f"{a}.rope.scaling.type", "none")
+    if scaling not in ("none", None):
+        raise ValueError(f"{a}.rope.scaling.type {scaling!r} is not supported")
+    if g.get(f"{a}.rope.dimension_count", c["head_dim"]) != c["head_dim"]:
+        raise ValueError("partial rotary (rope.dimension_count != head dim) is not supported")
+    return {"architectures": [HF_NAMES[a]], "model_type": a, **c}
+
+
+GGUF = GGUFLayout(
+    "Llama, Qwen2 and Qwen3", biased=("attn_q", "attn_k", "attn_v"),   # Qwen2's; a bias elsewhere we cannot run
+    layer_names={**LLAMA_PARTS, "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"},
+    config=gguf_config, rules=lambda a: [(f"{a}.expert_count", bool, "mixture-of-experts models are not supported"),
+                                         (f"{a}.attention.sliding_window", bool,
+                                          "sliding-window attention is not supported")])
+
+
+def init_random(model: Llama) -> None:
+    for name, p in model.named_parameters():
+        if "norm" not in name:
+            p.normal_(0.0, 0.02 if "embed" in name or "lm_head" in name else 0.08)
+
+
+RANDOM = RandomWeights(init=init_random, presets={
+    # A few layers, fast on a CPU: tests and tools rely on this exact name.
+    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                 rope_theta=10000.0),
+    # Real shapes, random weights: speed and memory work.
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                         rope_theta=100000.0),
+    # Llama shapes of nanochat d20 / d32 sizes (dim 1280 / 2048, 20 / 32 layers, MHA).
+    "d20": dict(vocab_size=32768, hidden_size=1280, intermediate_size=5120, num_hidden_layers=20,
+                num_attention_heads=10, num_key_value_heads=10, max_position_embeddings=8192,
+                tie_word_embeddings=False),
+    "d32": dict(vocab_size=32768, hidden_size=2048, intermediate_size=8192, num_hidden_layers=32,
+                num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=8192,
+                tie_word_embeddings=False),
+    # The Llama-shaped families' real shapes (Qwen3-0.6B, Qwen2.5-0.5B, Llama-3.2-1B), random weights.
+    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                       rope_theta=1000000.0, rms_norm_eps=1e-6, qk_norm=True),
+    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                         rope_theta=1000000.0, rms_norm_eps=1e-6, attention_bias=True),
+    "llama3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+                        rope_theta=500000.0, rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                                                                high_freq_factor=4.0,
+                                                                original_max_position_embeddings=8192)),
+    # Tiny versions of the same, fast on a CPU: the kernels' interpreter tests.
+    "tiny-qwen2": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, attention_bias=True),
+    "tiny-qwen3": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, qk_norm=True,
+                       tie_word_embeddings=False),
+})

@@ -13,8 +13,9 @@ import torch
 import torch.nn as nn
 
 from kvcache import Attention, KVCache
+from model.families.declare import RandomWeights
 from model.families.layers import ReLU2, apply_rotary, rms_norm, rope_rows, rotary_tables
-from model.families.nanochat_config import NanochatConfig
+from model.families.nanochat_config import GENERATIONS, LATEST, NanochatConfig
 
 TOKENS_STATE = "nanochat.token_ids"  # per-position token ids: the smear gate's previous token
 
@@ -134,10 +135,10 @@ class Nanochat(nn.Module):
 
     def smear_step(self, idx: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, step) -> torch.Tensor:
         """`smear` of one token at the device position: the branch on it is a `where`."""
-        ids.index_copy_(1, step.posl, idx)
-        prev = rms_norm(self.transformer.wte(ids.index_select(1, (step.posl - 1).clamp(min=0))))
+        ids.index_copy_(1, step.seqlens_long, idx)
+        prev = rms_norm(self.transformer.wte(ids.index_select(1, (step.seqlens_long - 1).clamp(min=0))))
         gate = self.smear_lambda.to(x.dtype) * torch.sigmoid(self.smear_gate(x[..., :self.config.smear_channels]))
-        return torch.where(step.pos > 0, x + gate * prev, x)  # the very first token has no previous one
+        return torch.where(step.cache_seqlens > 0, x + gate * prev, x)  # the very first token has no previous one
 
     def forward(self, idx: torch.Tensor, cache: KVCache, last: bool = False, step=None) -> torch.Tensor:
         """`last`: only the last position's logits (a prefill needs no others). `step`: one token
@@ -146,7 +147,7 @@ class Nanochat(nn.Module):
         cfg, t = self.config, idx.shape[1]
         if step is None:
             cache.check_fits(t)  # before anything is written: an overflow leaves the cache as it was
-        pos = cache.pos
+        pos = cache.seqlen
         x = rms_norm(self.transformer.wte(idx))
         # a step's tables cover the whole cache, so no position it reaches can outgrow them
         cos, sin = rope_rows(*self.rope(cache.capacity if step else pos + t, idx.device, x.dtype), cache, t, step)
@@ -168,3 +169,18 @@ class Nanochat(nn.Module):
         if step is None:
             cache.advance(t)
         return cfg.softcap * torch.tanh(logits / cfg.softcap)
+
+
+def init_random(model: Nanochat) -> None:
+    """The lambdas as built (they weigh the residual stream); the embeddings and head smaller."""
+    for name, p in model.named_parameters():
+        if "lambda" not in name:
+            p.normal_(0.0, 0.02 if p.dim() == 2 and p.shape[0] >= model.config.vocab_size else 0.04)
+
+
+# nanochat's d20 and d32 shapes, the newest generation's architecture (`random:d20` is a Llama of that size).
+RANDOM = RandomWeights(init=init_random, presets={
+    f"nanochat-{name}": {**GENERATIONS[LATEST], "generation": LATEST, "sequence_len": 8192, "vocab_size": 32768,
+                         **shape}
+    for name, shape in (("d20", dict(n_layer=20, n_head=10, n_kv_head=10, n_embd=1280)),
+                        ("d32", dict(n_layer=32, n_head=16, n_kv_head=16, n_embd=2048)))})

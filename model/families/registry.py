@@ -14,6 +14,8 @@ import torch
 
 from model.chat_formats.recognize import gemma_template_for, template_for
 from model.chat_formats.templates import ChatTemplate, NanochatFormat
+from model.families import gemma, llama, nanochat
+from model.families.declare import GGUFLayout, RandomWeights
 from model.families.gemma import Gemma, GemmaConfig
 from model.families.llama import Llama, LlamaConfig
 from model.families.nanochat import Nanochat
@@ -38,6 +40,9 @@ class Family:
     # Config fields an architecture implies whatever its config.json says (Qwen2's q/k/v biases).
     fixed_config: dict[str, object] = field(default_factory=dict)
     backend_family: Callable[[torch.nn.Module], str] = attention_backend
+    # GGUF files whose general.architecture is this family's name load through it (declare.py).
+    gguf: GGUFLayout | None = None
+    random: RandomWeights = RandomWeights()   # its `random:NAME` presets
 
 
 def nanochat_template(tok: Tokenizer, chat_template: str | None = None, default_system: str = "") -> ChatTemplate:
@@ -45,18 +50,28 @@ def nanochat_template(tok: Tokenizer, chat_template: str | None = None, default_
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("llama", Llama, LlamaConfig, template_for,
+    Family("llama", Llama, LlamaConfig, template_for, gguf=llama.GGUF, random=llama.RANDOM,
            hf_architectures=frozenset({"LlamaForCausalLM", "MistralForCausalLM"})),
     # Qwen2 and Qwen3 are the Llama module with a flag each (model/families/llama.py); family_of() finds
     # "llama" for all three, whose step and identity suit them all.
     Family("qwen2", Llama, LlamaConfig, template_for,
-           hf_architectures=frozenset({"Qwen2ForCausalLM"}), fixed_config={"attention_bias": True}),
+           hf_architectures=frozenset({"Qwen2ForCausalLM"}), fixed_config={"attention_bias": True}, gguf=llama.GGUF),
     Family("qwen3", Llama, LlamaConfig, template_for,
-           hf_architectures=frozenset({"Qwen3ForCausalLM"}), fixed_config={"qk_norm": True}),
-    Family("nanochat", Nanochat, NanochatConfig, nanochat_template),
-    Family("gemma3", Gemma, GemmaConfig, gemma_template_for,
+           hf_architectures=frozenset({"Qwen3ForCausalLM"}), fixed_config={"qk_norm": True}, gguf=llama.GGUF),
+    Family("nanochat", Nanochat, NanochatConfig, nanochat_template, random=nanochat.RANDOM),
+    Family("gemma3", Gemma, GemmaConfig, gemma_template_for, gguf=gemma.GGUF, random=gemma.RANDOM,
            hf_architectures=frozenset({"Gemma3ForCausalLM"})),
 )}
+
+
+def gguf_families() -> dict[str, Family]:
+    """general.architecture -> the family that loads it, in the table's order."""
+    return {f.name: f for f in FAMILIES.values() if f.gguf is not None}
+
+
+def random_preset(name: str) -> tuple[Family, dict] | None:
+    """The family whose `random:` presets hold `name`, and the preset's config fields."""
+    return next(((f, f.random.presets[name]) for f in FAMILIES.values() if name in f.random.presets), None)
 
 
 def family_of(model: torch.nn.Module) -> Family | None:

@@ -1,9 +1,11 @@
-"""Llama, Qwen2 and Qwen3 GGUF files, converted once into the canonical model directory.
+"""GGUF files (Llama, Qwen2, Qwen3, Gemma 3), converted once into the canonical model directory.
 
 `convert_gguf` keeps every tensor's quantization: block types are repacked into our block
 formats (model/cpu/blocks.py, exact), dense ones are copied. It renames them to Hugging Face's
-naming, undoes llama.cpp's Q/K row permutation (its converter permutes `llama` only), turns a
-`rope_freqs` tensor (Llama 3.x scaling) into config.json's rope_freq_factors, and writes config.json, model.safetensors,
+naming by the family's `GGUFLayout` (model/families/declare.py, declared in the family's file,
+which also says what llama.cpp's converter changed for it), undoes llama.cpp's Q/K row
+permutation (its converter permutes `llama` only), turns a `rope_freqs` tensor (Llama 3.x
+scaling) into config.json's rope_freq_factors, and writes config.json, model.safetensors,
 tokenizer.json and tokenizer_config.json. `load_gguf` converts into the cache on first use and
 then loads the directory like any other, memory-mapped.
 """
@@ -20,11 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-import model.loading.gguf_gemma as gguf_gemma
 from model.chat_formats.completion import gguf_tuning
 from model.cpu import file_blocks
 from model.cpu.blocks import BLOCK_TYPES, Packed, repack
 from model.errors import ModelLoadError
+from model.families.declare import GGUFLayout
+from model.families.registry import gguf_families
 from model.loading.gguf_meta import GGUFFile, hf_config, open_gguf, tokenizer_files
 from model.loading.hf import load_hf_dir
 from model.loading.options import LoadedModel, LoadOptions
@@ -35,12 +38,6 @@ Progress = Callable[[str, float, float], None]   # (stage, done, total)
 CONVERTER_VERSION = "6"   # bump when the output of convert_gguf changes: cached conversions are redone
 # (6: config.json nanochat_tui_tuning, which gives a base model completion mode)
 
-LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
 TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
              "output.weight": "lm_head.weight"}
 DENSE_TYPES = ("F32", "F16", "BF16")
@@ -50,18 +47,18 @@ PAD = "nanochat.pad."   # filler tensors that keep the next tensor aligned; load
 NUMPY_SIZE = {"F32": 4, "F16": 2, "BF16": 2, "U8": 1, "I8": 1}
 
 
-BIASED = ("attn_q", "attn_k", "attn_v")   # Qwen2's; a bias elsewhere is a model we cannot run
 ROPE_FREQS = "rope_freqs.weight"
 
 
-def hf_name(name: str, where: str) -> str:
+def hf_name(name: str, where: str, layout: GGUFLayout) -> str:
+    """llama.cpp's tensor name -> Hugging Face's, by the family's layer names."""
     if name in TOP_NAMES:
         return TOP_NAMES[name]
     blk, n, part, kind = (name.split(".") + ["", "", "", ""])[:4]
-    if (blk == "blk" and n.isdigit() and part in LAYER_NAMES and name.count(".") == 3
-            and (kind == "weight" or (kind == "bias" and part in BIASED))):
-        return f"model.layers.{n}.{LAYER_NAMES[part]}.{kind}"
-    raise ModelLoadError(f"{where}: unexpected tensor {name!r} (supported: Llama, Qwen2 and Qwen3 tensors)")
+    if (blk == "blk" and n.isdigit() and part in layout.layer_names and name.count(".") == 3
+            and (kind == "weight" or (kind == "bias" and part in layout.biased))):
+        return f"model.layers.{n}.{layout.layer_names[part]}.{kind}"
+    raise ModelLoadError(f"{where}: unexpected tensor {name!r} (supported: {layout.what} tensors)")
 
 
 def rope_freq_factors(t, where: str) -> list[float]:
@@ -84,6 +81,7 @@ def tensor_plan(g: GGUFFile, config: dict) -> list[tuple[TensorSpec, object, str
     tensors become three parts (scale, min, values; blocks.py); a rope_freqs tensor goes into
     `config` instead. Parts are ordered so every tensor starts aligned to its element size."""
     plan, offset, pads = [], 0, 0
+    layout = gguf_families()[g.arch].gguf
     for t in g.reader.tensors:
         if t.name == ROPE_FREQS:   # not a weight: config.json carries it
             config["rope_freq_factors"] = rope_freq_factors(t, str(g.path))
@@ -97,7 +95,7 @@ def tensor_plan(g: GGUFFile, config: dict) -> list[tuple[TensorSpec, object, str
             # No kernel for this type: its exact fp32 values (bigger and slower, but right). Noted.
             counts = config.setdefault(DEQUANTIZED, {})
             counts[kind] = counts.get(kind, 0) + 1
-        name = (gguf_gemma.hf_name if g.arch == gguf_gemma.ARCH else hf_name)(t.name, str(g.path))
+        name = hf_name(t.name, str(g.path), layout)
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         if kind not in SUPPORTED_TYPES or kind in DENSE_TYPES or len(shape) != 2:
             parts = [(TensorSpec(name, kind if kind in ("F16", "BF16") else "F32", shape), "dense")]
@@ -126,7 +124,7 @@ def packed_specs(kind: str, shape: tuple[int, int]) -> list[tuple[str, str, tupl
     return scales + [values]
 
 
-def tensor_data(t, part: str, config: dict, cache: dict) -> np.ndarray:
+def tensor_data(t, part: str, config: dict, cache: dict, layout: GGUFLayout) -> np.ndarray:
     """One part's array. A block tensor is repacked once for its three parts (`cache`)."""
     kind = t.tensor_type.name
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
@@ -136,8 +134,8 @@ def tensor_data(t, part: str, config: dict, cache: dict) -> np.ndarray:
             w = file_blocks.gguf_quants.dequantize(w, t.tensor_type)
         w = w.view(np.uint16) if kind == "BF16" else w.view(np.float16) if kind == "F16" else w.astype(np.float32)
         w = w.reshape(shape)
-        if config["model_type"] == gguf_gemma.MODEL_TYPE:
-            return gguf_gemma.fix_tensor(t.name, w)
+        if layout.fix_tensor is not None:
+            return layout.fix_tensor(t.name, w)
         return permuted(w, t.name, config) if w.ndim == 2 else w
     if part in file_blocks.KINDS:
         return permuted(file_blocks.as_rows(part, np.asarray(t.data), *shape), t.name, config)
@@ -184,13 +182,14 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = Non
     out_dir.mkdir(parents=True, exist_ok=True)
     sources = {s.name: (t, part) for s, t, part in plan}
     cache: dict = {}
+    layout = gguf_families()[g.arch].gguf
 
     def produce(spec: TensorSpec) -> np.ndarray:
         t, part = sources[spec.name]
         if part == "pad":
             return np.zeros(spec.shape, np.uint8)
         try:
-            return tensor_data(t, part, config, cache)
+            return tensor_data(t, part, config, cache, layout)
         except (ValueError, IndexError) as e:   # short data in a truncated file
             raise ModelLoadError(f"{gguf_path}: tensor {t.name} is unreadable ({e}); the file may be "
                                  "truncated") from None

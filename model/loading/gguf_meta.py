@@ -9,18 +9,18 @@ from pathlib import Path
 
 import numpy as np
 
-import model.loading.gguf_gemma as gguf_gemma
 from model.errors import ModelLoadError
-from model.families.llama import LlamaConfig
+from model.families.declare import LLAMA_SPM
+from model.families.registry import gguf_families
 from model.limits import Rules, check_config, refuse_unsupported
 from model.loading.gguf_check import check_gguf
 from model.loading.gguf_vocab import chat_template, end_tokens, spm_tokenizer_files
 from model.tokenizers.bpe import make_tokenizer, tokenizer_json, vocab_from_gguf
 
-# GGUF general.architecture -> the Hugging Face architecture it converts to. Their metadata
-# keys share one layout under the architecture's prefix (llama.cpp's convert_hf_to_gguf.py).
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "gemma3": "Gemma3ForCausalLM"}   # gemma3: model/loading/gguf_gemma.py
+# The architectures we convert are the families with a GGUF layout (model/families/declare.py),
+# named as general.architecture names them. Their metadata keys share one layout under the
+# architecture's prefix (llama.cpp's convert_hf_to_gguf.py): what every family reads the same
+# way is read here, the rest by the family's own `GGUFLayout.config`.
 
 
 @dataclass
@@ -41,6 +41,20 @@ class GGUFFile:
             raise ModelLoadError(f"{self.path}: GGUF metadata {key!r} is missing")
         return self.meta[key]
 
+    def f32(self, key: str, default: float | None = None) -> float:
+        x = self.need(key) if default is None else self.get(key, default)
+        if type(x) not in (int, float):
+            raise ModelLoadError(f"{self.path}: {key} should be a number, not {x!r}")
+        # GGUF stores floats as float32; its shortest repr (1e-05, not 9.99999974e-06) is the intended value.
+        return float(str(np.float32(x)))
+
+    def refuse(self, rules: Rules) -> None:
+        """One-line errors naming the metadata key (and the file) for what the module cannot run."""
+        try:
+            refuse_unsupported(self.meta, rules)
+        except ValueError as e:
+            raise ModelLoadError(f"{self.path}: {e}") from None
+
 
 def open_gguf(path: Path) -> GGUFFile:
     # Lazy: the gguf package costs ~30 ms to import (more on a cold disk), and only a .gguf needs it.
@@ -54,48 +68,17 @@ def open_gguf(path: Path) -> GGUFFile:
             RecursionError) as e:
         raise ModelLoadError(f"{path}: not a readable GGUF file, truncated or corrupt ({e})") from None
     arch = meta.get("general.architecture")
-    if arch not in ARCHITECTURES:
+    if arch not in (supported := gguf_families()):
         raise ModelLoadError(f"{path}: GGUF architecture {arch!r} is not supported (supported: "
-                             f"{', '.join(ARCHITECTURES)})")
+                             f"{', '.join(supported)})")
     return GGUFFile(path, reader, meta)
 
 
-def _f32(g: GGUFFile, key: str, default: float | None = None) -> float:
-    x = g.need(key) if default is None else g.get(key, default)
-    if type(x) not in (int, float):
-        raise ModelLoadError(f"{g.path}: {key} should be a number, not {x!r}")
-    # GGUF stores floats as float32; its shortest repr (1e-05, not 9.99999974e-06) is the intended value.
-    return float(str(np.float32(x)))
-
-
-def refuse_gguf(g: GGUFFile, rules: Rules) -> None:
-    """One-line errors naming the metadata key (and the file) for what the module cannot run."""
-    try:
-        refuse_unsupported(g.meta, rules)
-    except ValueError as e:
-        raise ModelLoadError(f"{g.path}: {e}") from None
-
-
-def llama_shaped_rules(a: str) -> Rules:
-    return [(f"{a}.expert_count", bool, "mixture-of-experts models are not supported"),
-            (f"{a}.attention.sliding_window", bool, "sliding-window attention is not supported")]
-
-
-def refuse_unsupported_llama(g: GGUFFile) -> None:
-    """What the Llama-shaped module cannot run, by metadata key."""
-    a = g.arch
-    scaling = g.get(f"{a}.rope.scaling.type", "none")
-    if scaling not in ("none", None):   # llama3 scaling comes as a rope_freqs tensor, not this key
-        raise ModelLoadError(f"{g.path}: {a}.rope.scaling.type {scaling!r} is not supported")
-    refuse_gguf(g, llama_shaped_rules(a))
-
-
 def hf_config(g: GGUFFile, name: str) -> dict:
-    """config.json (Hugging Face keys) from the `<arch>.*` metadata."""
-    a = g.arch
-    if a == gguf_gemma.ARCH:
-        return gguf_gemma.hf_config(g, name, _f32, refuse_gguf)
-    refuse_unsupported_llama(g)
+    """config.json (Hugging Face keys) from the `<arch>.*` metadata: the keys every family has,
+    checked here, then the family's own (`GGUFLayout.config`)."""
+    a, family = g.arch, gguf_families()[g.arch]
+    g.refuse(family.gguf.rules(a))
     heads = g.need(f"{a}.attention.head_count")
     kv = g.get(f"{a}.attention.head_count_kv", heads)
     if not isinstance(heads, int) or not isinstance(kv, int):
@@ -104,23 +87,20 @@ def hf_config(g: GGUFFile, name: str) -> dict:
     if type(hidden) is not int or heads < 1 or hidden < heads:
         raise ModelLoadError(f"{g.path}: {a}.embedding_length {hidden!r} and {a}.attention.head_count "
                              f"{heads} do not make a model")
-    head_dim = g.get(f"{a}.attention.key_length", hidden // heads)
-    if g.get(f"{a}.rope.dimension_count", head_dim) != head_dim:
-        raise ModelLoadError(f"{g.path}: partial rotary (rope.dimension_count != head dim) is not supported")
-    config = {
-        "architectures": [ARCHITECTURES[a]], "model_type": a,
+    shared = {
         "hidden_size": hidden, "intermediate_size": g.need(f"{a}.feed_forward_length"),
         "num_hidden_layers": g.need(f"{a}.block_count"), "num_attention_heads": heads,
-        "num_key_value_heads": kv, "head_dim": head_dim,
-        "rms_norm_eps": _f32(g, f"{a}.attention.layer_norm_rms_epsilon"),
-        "rope_theta": _f32(g, f"{a}.rope.freq_base", 10000.0),
-        "max_position_embeddings": g.get(f"{a}.context_length", 2048),
+        "num_key_value_heads": kv, "head_dim": g.get(f"{a}.attention.key_length", hidden // heads),
+        "rms_norm_eps": g.f32(f"{a}.attention.layer_norm_rms_epsilon"),
+        "rope_theta": g.f32(f"{a}.rope.freq_base", family.gguf.rope_theta),
+        "max_position_embeddings": g.get(f"{a}.context_length", family.gguf.context),
         "torch_dtype": "float32", "nanochat_tui_name": name,
     }
-    check_config(config, str(g.path))  # 2**31 layers: refused before anything loops over them
+    check_config(shared, str(g.path))  # 2**31 layers: refused before anything loops over them
     try:
-        LlamaConfig.from_dict(config)  # fail on the .gguf's name, not on the converted copy's
-    except ValueError as e:
+        config = family.gguf.config(g, shared)
+        family.config.from_dict(config)  # fail on the .gguf's name, not on the converted copy's
+    except (ValueError, TypeError) as e:
         raise ModelLoadError(f"{g.path}: {e}") from None
     return config
 
@@ -133,10 +113,10 @@ def default_system(chat_template: str) -> str:
 
 def tokenizer_files(g: GGUFFile) -> tuple[dict, dict]:
     """tokenizer.json and tokenizer_config.json contents for the GGUF's vocabulary."""
-    if g.arch == gguf_gemma.ARCH:
-        return gguf_gemma.tokenizer_files(g)
-    if g.get("tokenizer.ggml.model") == "llama":   # SentencePiece: Llama 2, TinyLlama, Mistral
-        return spm_tokenizer_files(g, "llama", "LlamaTokenizer", 2048)
+    family = gguf_families().get(g.arch)   # None: a vocabulary-only file (tests/test_llama_vocab.py)
+    if (family and family.gguf.sentencepiece_only) or g.get("tokenizer.ggml.model") == "llama":
+        # SentencePiece: Llama 2, TinyLlama, Mistral; Gemma
+        return spm_tokenizer_files(g, *(family.gguf.sentencepiece if family else LLAMA_SPM))
     meta = {k: v for k, v in g.meta.items() if k.startswith("tokenizer.ggml.")}
     if "tokenizer.ggml.tokens" not in meta:
         raise ModelLoadError(f"{g.path}: the GGUF has no tokenizer")

@@ -16,7 +16,6 @@ from kvcache import Attention
 from model.chat_formats.completion import CompletionFormat
 from model.cpu.hugepages import into_arena, model_linears, own_the_rest
 from model.errors import ModelLoadError
-from model.families.llama import Llama, LlamaConfig
 from model.families.registry import FAMILIES, Family, for_architectures
 from model.files import read_bytes
 from model.limits import check_config
@@ -52,8 +51,8 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-def build_model(family: Family, cfg: LlamaConfig, weights: dict[str, torch.Tensor], opts: LoadOptions,
-                where: str) -> Llama:
+def build_model(family: Family, cfg, weights: dict[str, torch.Tensor], opts: LoadOptions,
+                where: str) -> torch.nn.Module:
     """The family's model with Hugging Face-named weights (Llama-shaped names and tying).
     Block-quantized weights (a converted GGUF) stay quantized when `opts.quantized`, else
     they are dequantized exactly (loading/quantized.py)."""
