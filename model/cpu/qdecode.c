@@ -33,6 +33,9 @@
 #ifndef PF_FAR
 #define PF_FAR 8192
 #endif
+#ifndef KPF_BYTES   /* attention: the K/V rows this many bytes ahead into L2 (0: none) */
+#define KPF_BYTES 32768
+#endif
 #ifndef PF_NEAR
 #define PF_NEAR 1024
 #endif
@@ -533,6 +536,66 @@ static void act_rows(int act, float *y, const float *u, int r0, int r1) {
     for (; r < r1; r++) y[r] = act_fn(act, y[r]) * u[r];
 }
 
+#ifdef QD_AVX2
+/* Scores of nh query heads (q, d apart) against four keys (k, row apart): each key's fp16 chunk
+   is converted once for all the heads that share its KV head, where the loop per head converted
+   it once per head (three times for SmolLM2, four for Gemma 3 and Llama 3.2). 4 x nh
+   accumulators: SC_HEADS is 4 where AVX-512VL gives 32 vector registers, else 2 (16). */
+#ifdef __AVX512VL__
+#define SC_HEADS 4
+#else
+#define SC_HEADS 2
+#endif
+static inline __attribute__((always_inline)) void scores4(const float *q, const uint16_t *k, size_t row, int d, int nh,
+                                                          float scale, float *out, int stride) {
+    __m256 acc[SC_HEADS][4];
+    for (int i = 0; i < nh; i++)
+        for (int r = 0; r < 4; r++) acc[i][r] = _mm256_setzero_ps();
+    for (int j = 0; j < d; j += 8) {
+        __m256 kv[4];
+        for (int r = 0; r < 4; r++) kv[r] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + r * row + j)));
+        for (int i = 0; i < nh; i++) {
+            const __m256 qv = _mm256_loadu_ps(q + (size_t)i * d + j);
+            for (int r = 0; r < 4; r++) acc[i][r] = _mm256_fmadd_ps(qv, kv[r], acc[i][r]);
+        }
+    }
+    for (int i = 0; i < nh; i++) {
+        const __m256 s4 = _mm256_hadd_ps(_mm256_hadd_ps(acc[i][0], acc[i][1]), _mm256_hadd_ps(acc[i][2], acc[i][3]));
+        const __m128 r = _mm_add_ps(_mm256_castps256_ps128(s4), _mm256_extractf128_ps(s4, 1));
+        _mm_storeu_ps(out + (size_t)i * stride, _mm_mul_ps(r, _mm_set1_ps(scale)));
+    }
+}
+#endif
+
+#ifdef __AVX512VL__
+/* acc[h] += sum over keys u of p[h][u] * V[u] for nh heads of one KV head, every one of the d8 x 8
+   dims in registers (nh * d8 <= 24 of the 32): each V row is read and converted once, in key
+   order, where the 8-dims-at-a-time pass below walked a 32-key tile d/8 times and (for three
+   heads) kept a fourth accumulator for nothing. */
+static inline __attribute__((always_inline)) void values_regs(const float *p, int nt, const uint16_t *v, size_t row,
+                                                              size_t far, int nh, int d8, float *pacc) {
+    __m256 acc[3][16];
+    for (int i = 0; i < nh; i++)
+        for (int j = 0; j < d8; j++) acc[i][j] = _mm256_setzero_ps();
+    for (int u = 0; u < nt; u++) {
+        const uint16_t *vr = v + (size_t)u * row;
+        for (int o = 0; o < d8 * 16; o += 64) {
+            _mm_prefetch((const char *)(vr + 16 * row) + o, _MM_HINT_T0);
+            if (KPF_BYTES) _mm_prefetch((const char *)(vr + far * row) + o, _MM_HINT_T1);
+        }
+        for (int j = 0; j < d8; j++) {
+            const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vr + 8 * j)));
+            for (int i = 0; i < nh; i++) acc[i][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + (size_t)i * nt + u), x, acc[i][j]);
+        }
+    }
+    for (int i = 0; i < nh; i++)
+        for (int j = 0; j < d8; j++) {
+            float *pa = pacc + (size_t)i * d8 * 8 + 8 * j;
+            _mm256_storeu_ps(pa, _mm256_add_ps(_mm256_loadu_ps(pa), acc[i][j]));
+        }
+}
+#endif
+
 /* Partial softmax over keys [t0, t1): per query head its max m, sum l and unnormalised acc.
    Three passes (scores, exp, values), each walking the keys in order with every KV head of a
    row together, so the layer's K and V stream from memory once; in cache this is 4x faster
@@ -542,6 +605,10 @@ static void attn_part(const Model *m, const float *q, const uint16_t *kc, const 
     /* KV heads [kv0, kv1) and their query heads [h0, h1); outputs are indexed from h0 */
     const int hk = m->n_kv, d = m->head_dim, g = m->n_head / hk, nt = t1 - t0, h0 = kv0 * g, h1 = kv1 * g;
     const size_t row = (size_t)hk * d;
+    /* the K and V rows KPF_BYTES ahead, into L2: the 8- and 16-key T0 distances alone left the
+       attention at depth 1,500 waiting on DRAM (SmolLM2: 9.7-10.5 -> 8.4-8.9 ms a token) */
+    const size_t far = KPF_BYTES > row * 2 ? KPF_BYTES / (row * 2) : 1;
+    (void)far;
     memset(pacc, 0, sizeof(float) * (h1 - h0) * d);
     for (int h = 0; h < h1 - h0; h++) { pm[h] = -INFINITY; pl[h] = 0.f; }
     if (nt <= 0) return;
@@ -552,25 +619,25 @@ static void attn_part(const Model *m, const float *q, const uint16_t *kc, const 
             const uint16_t *k0 = kc + (size_t)(t0 + t) * row;
             /* every line of the four K rows 8 keys ahead (one line of them left the rest to the
                hardware: 6 GB/s of K/V at depth 1,500) */
-            for (size_t o = 0; o < 4 * row * sizeof(uint16_t); o += 64) _mm_prefetch((const char *)(k0 + 8 * row) + o, _MM_HINT_T0);
-            for (int kv = kv0; kv < kv1; kv++) {
-                const uint16_t *k = k0 + (size_t)kv * d;
-                for (int i = 0; i < g; i++) {
-                    const int h = kv * g + i;
-                    const float *qh = q + h * d;
-                    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                    for (int j = 0; j < d; j += 8) {
-                        __m256 qv = _mm256_loadu_ps(qh + j);
-                        a0 = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + j))), a0);
-                        a1 = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + row + j))), a1);
-                        a2 = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + 2 * row + j))), a2);
-                        a3 = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + 3 * row + j))), a3);
-                    }
-                    __m256 s4 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-                    __m128 r = _mm_add_ps(_mm256_castps256_ps128(s4), _mm256_extractf128_ps(s4, 1));
-                    _mm_storeu_ps(scores + (size_t)(h - h0) * nt + t, _mm_mul_ps(r, _mm_set1_ps(m->attn_scale)));
-                }
+            for (size_t o = 0; o < 4 * row * sizeof(uint16_t); o += 64) {
+                _mm_prefetch((const char *)(k0 + 8 * row) + o, _MM_HINT_T0);
+                if (KPF_BYTES) _mm_prefetch((const char *)(k0 + far * row) + o, _MM_HINT_T1);
             }
+            for (int kv = kv0; kv < kv1; kv++)
+                for (int i0 = 0; i0 < g; i0 += SC_HEADS) {
+                    const int h = kv * g + i0, nh = g - i0 < SC_HEADS ? g - i0 : SC_HEADS;
+                    const float *qh = q + (size_t)h * d;
+                    const uint16_t *k = k0 + (size_t)kv * d;
+                    float *o = scores + (size_t)(h - h0) * nt + t;
+                    switch (nh) {   /* a constant head count per call: its loops unroll */
+                    case 1: scores4(qh, k, row, d, 1, m->attn_scale, o, nt); break;
+                    case 2: scores4(qh, k, row, d, 2, m->attn_scale, o, nt); break;
+#if SC_HEADS > 2
+                    case 3: scores4(qh, k, row, d, 3, m->attn_scale, o, nt); break;
+                    default: scores4(qh, k, row, d, 4, m->attn_scale, o, nt); break;
+#endif
+                    }
+                }
         }
     }
 #endif
@@ -607,6 +674,23 @@ static void attn_part(const Model *m, const float *q, const uint16_t *kc, const 
         pl[h] = l;
     }
 #ifdef QD_AVX2
+#ifdef __AVX512VL__
+    if (d == 64 || d == 128) {   /* every dim of up to 3 (d 64) or 1 (d 128) heads in registers */
+        const int hg = d == 64 ? 3 : 1;
+        for (int kv = kv0; kv < kv1; kv++)
+            for (int i0 = 0; i0 < g; i0 += hg) {
+                const int nh = g - i0 < hg ? g - i0 : hg, hb = kv * g + i0 - h0;
+                const float *p = scores + (size_t)hb * nt;
+                const uint16_t *v = vc + (size_t)t0 * row + (size_t)kv * d;
+                float *pa = pacc + (size_t)hb * d;
+                if (d == 128) values_regs(p, nt, v, row, far, 1, 16, pa);
+                else if (nh == 3) values_regs(p, nt, v, row, far, 3, 8, pa);
+                else if (nh == 2) values_regs(p, nt, v, row, far, 2, 8, pa);
+                else values_regs(p, nt, v, row, far, 1, 8, pa);
+            }
+        return;
+    }
+#endif
     if (d % 8 == 0) {   /* per 8 dims, four heads' accumulators stay in registers over 32 keys */
         for (t = 0; t < nt; t += 32) {
             const int te = t + 32 < nt ? t + 32 : nt;
