@@ -5,11 +5,11 @@ dims 64 and 128): tiny Llama GGUFs with 3 and 5 query heads a KV head at head_di
 
 from __future__ import annotations
 
+import helpers
 import pytest
-import test_gguf
 import torch
 from gguf import GGMLQuantizationType as Q
-from test_quant import assert_close_logits
+from helpers import assert_close_logits
 
 from model.cpu import native
 from model.cpu.step import CpuStep
@@ -24,9 +24,9 @@ def test_attention_follows_the_reference(hidden, heads, kv_heads, tmp_path, monk
     monkeypatch.setenv("NANOCHAT_TUI_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("NANOCHAT_QGEMM", "0")
     for name, value in (("HIDDEN", hidden), ("HEADS", heads), ("KV_HEADS", kv_heads), ("LAYERS", 1)):
-        monkeypatch.setattr(test_gguf, name, value)
+        monkeypatch.setattr(helpers, name, value)   # write_gguf reads the shape from these
     path = tmp_path / "m.gguf"
-    test_gguf.write_gguf(path, {0: {"ffn_up": Q.Q8_0}}, tied=True)
+    helpers.write_gguf(path, {0: {"ffn_up": Q.Q8_0}}, tied=True)
     q, ref = load_model(str(path), LoadOptions(quantized=True)), load_model(str(path))
     assert q.model.config.head_dim == hidden // heads
     qc, rc = q.model.new_cache(64), ref.model.new_cache(64)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from helpers import COLS, ROWS, assert_invariant, bits, both, int16_reference, packed_linear
+from helpers import COLS, ROWS, assert_close_logits, assert_invariant, bits, both, int16_reference, packed_linear
 from safetensors.torch import load_file, save_file
 
 from chatapp.chat.session import Session
@@ -104,12 +104,6 @@ def test_quantized_model_keeps_the_file_and_an_fp16_cache(mixed_gguf, home):
         a = q.model(ids, q.model.new_cache(64))[0]
         b = ref.model(ids, ref.model.new_cache(64))[0]
     assert (a - b).abs().max().item() <= 2e-3 * b.abs().max().item()
-
-
-def assert_close_logits(a: torch.Tensor, b: torch.Tensor) -> None:
-    """Within int16 activations and an fp16 cache of the reference, and the same pick."""
-    assert (a - b).abs().max().item() <= 5e-3 * b.abs().max().item()
-    assert int(a.argmax()) == int(b.argmax())
 
 
 def test_cpu_step_follows_the_reference_through_retry_and_undo(mixed_gguf, home):
