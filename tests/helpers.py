@@ -15,7 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import torch
@@ -28,10 +27,6 @@ from chatapp.chat.events import TextDelta, TurnStats
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.keeper.keeper import ChatKeeper
-from chatapp.serve.app import make_app
-from chatapp.serve.engine import Engine
-from chatapp.serve.kvlru import SnapshotLRU
-from chatapp.serve.main import Server, bind
 from kvcache import Attention
 from model.chat_formats.recognize import template_for
 from model.chat_formats.templates import ChatML, Llama3, NanochatFormat, Qwen3, encode_rendered
@@ -79,6 +74,14 @@ def assert_decode_noise(gaps: list[float]) -> None:
 @contextlib.contextmanager
 def running(lm, queue_size: int = 128, slots: int = 3, api_key: str | None = None, context: int = 512,
             max_new_tokens: int = 6):
+    # imported here: the GPU machine has no starlette or httpx, and conftest imports this module
+    import httpx
+
+    from chatapp.serve.app import make_app
+    from chatapp.serve.engine import Engine
+    from chatapp.serve.kvlru import SnapshotLRU
+    from chatapp.serve.main import Server, bind
+
     defaults = Settings(temperature=0, max_new_tokens=max_new_tokens)
     engine = Engine(Session(lm, Settings(**vars(defaults)), context=context), defaults, queue_size,
                     SnapshotLRU(slots))
