@@ -241,14 +241,42 @@ typedef struct { const int8_t *q; const int16_t *q16; const float *sw, *mn; cons
 typedef struct { const uint8_t *aq; const float *ad, *as; int k, bits; } GAct;
 
 #ifdef QG_VNNI
+/* One scale block's integer sums into the float accumulators (activation scale x weight scale,
+   plus the weights' min x the activations' sum where the format has mins), and the finished tile
+   out: the same steps for the int8 and the int16 kernel. */
+static inline __attribute__((always_inline)) void scale_block(const GRows *w, const GAct *a, int r0, int g0,
+                                                              int s, int ns, int nb, int b32, const int N,
+                                                              __m512i acc[QG_R][4], __m512 facc[QG_R][4]) {
+    for (int n = 0; n < N; n++) {
+        const __m512 dv = _mm512_loadu_ps(a->ad + ((size_t)(g0 + n) * nb + b32) * QG_TOK);
+        const __m512 sv = _mm512_loadu_ps(a->as + ((size_t)(g0 + n) * ns + s) * QG_TOK);
+        for (int r = 0; r < QG_R; r++) {
+            const size_t wi = (size_t)(r0 + r) * ns + s;
+            const __m512 scale = _mm512_mul_ps(dv, _mm512_set1_ps(w->sw[wi]));
+            facc[r][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][n]), scale, facc[r][n]);
+            if (w->has_min) facc[r][n] = _mm512_fmadd_ps(sv, _mm512_set1_ps(w->mn[wi]), facc[r][n]);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void store_tile(__m512 facc[QG_R][4], int r0, int g0, float *out,
+                                                             int rb, const int N) {
+    for (int n = 0; n < N; n++)
+        for (int r = 0; r < QG_R; r++) {
+            float v[QG_TOK];
+            _mm512_storeu_ps(v, facc[r][n]);
+            for (int i = 0; i < QG_TOK; i++) out[(size_t)((g0 + n) * QG_TOK + i) * rb + r0 + r] = v[i];
+        }
+}
+
 /* int8 activations: vpdpbusd, 4 values of 16 tokens a lane group, the +128 bias cancelled by wc. */
 static inline __attribute__((always_inline)) void kern_vnni(const GRows *w, const GAct *a, int r0, int g0,
                                                             float *out, int rb, const int N) {
     const int k = w->k, sub = w->sub, ns = k / sub, kg = k / 4, nb = k / 32;
-    __m512 facc[QG_R][3];
+    __m512 facc[QG_R][4];
     for (int r = 0; r < QG_R; r++) for (int n = 0; n < N; n++) facc[r][n] = _mm512_setzero_ps();
     for (int s = 0; s < ns; s++) {
-        __m512i ia[QG_R][3];
+        __m512i ia[QG_R][4];
         for (int r = 0; r < QG_R; r++) {
             const __m512i c = _mm512_set1_epi32(w->wc[(size_t)(r0 + r) * ns + s]);
             for (int n = 0; n < N; n++) ia[r][n] = c;
@@ -265,24 +293,9 @@ static inline __attribute__((always_inline)) void kern_vnni(const GRows *w, cons
                 for (int n = 0; n < N; n++) ia[r][n] = _mm512_dpbusd_epi32(ia[r][n], av[n], wb);
             }
         }
-        const int b32 = s * sub / 32;
-        for (int n = 0; n < N; n++) {
-            const __m512 dv = _mm512_loadu_ps(a->ad + ((size_t)(g0 + n) * nb + b32) * QG_TOK);
-            const __m512 sv = _mm512_loadu_ps(a->as + ((size_t)(g0 + n) * ns + s) * QG_TOK);
-            for (int r = 0; r < QG_R; r++) {
-                const size_t wi = (size_t)(r0 + r) * ns + s;
-                const __m512 scale = _mm512_mul_ps(dv, _mm512_set1_ps(w->sw[wi]));
-                facc[r][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r][n]), scale, facc[r][n]);
-                if (w->has_min) facc[r][n] = _mm512_fmadd_ps(sv, _mm512_set1_ps(w->mn[wi]), facc[r][n]);
-            }
-        }
+        scale_block(w, a, r0, g0, s, ns, nb, s * sub / 32, N, ia, facc);
     }
-    for (int n = 0; n < N; n++)
-        for (int r = 0; r < QG_R; r++) {
-            float v[QG_TOK];
-            _mm512_storeu_ps(v, facc[r][n]);
-            for (int i = 0; i < QG_TOK; i++) out[(size_t)((g0 + n) * QG_TOK + i) * rb + r0 + r] = v[i];
-        }
+    store_tile(facc, r0, g0, out, rb, N);
 }
 
 /* int16 activations: vpdpwssd, 2 values of 16 tokens a lane group, int16 weights; every loop has
@@ -312,24 +325,9 @@ static inline __attribute__((always_inline)) void kern16(const GRows *w, const G
                 for (int n = 0; n < N; n++) acc[r][n] = _mm512_dpwssd_epi32(acc[r][n], av[n], wb);
             }
         }
-        const int b32 = s * SUB / 32;
-        for (int n = 0; n < N; n++) {
-            const __m512 dv = _mm512_loadu_ps(a->ad + ((size_t)(g0 + n) * nb + b32) * QG_TOK);
-            const __m512 sv = _mm512_loadu_ps(a->as + ((size_t)(g0 + n) * ns + s) * QG_TOK);
-            for (int r = 0; r < QG_R; r++) {
-                const size_t wi = (size_t)(r0 + r) * ns + s;
-                const __m512 scale = _mm512_mul_ps(dv, _mm512_set1_ps(w->sw[wi]));
-                facc[r][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][n]), scale, facc[r][n]);
-                if (w->has_min) facc[r][n] = _mm512_fmadd_ps(sv, _mm512_set1_ps(w->mn[wi]), facc[r][n]);
-            }
-        }
+        scale_block(w, a, r0, g0, s, ns, nb, s * SUB / 32, N, acc, facc);
     }
-    for (int n = 0; n < N; n++)
-        for (int r = 0; r < QG_R; r++) {
-            float v[QG_TOK];
-            _mm512_storeu_ps(v, facc[r][n]);
-            for (int i = 0; i < QG_TOK; i++) out[(size_t)((g0 + n) * QG_TOK + i) * rb + r0 + r] = v[i];
-        }
+    store_tile(facc, r0, g0, out, rb, N);
 }
 
 static void kern16_groups(const GRows *w, const GAct *a, int r, int g0, int g1, float *out, int rb) {
