@@ -11,28 +11,22 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-# Named by the date of the nanochat commit that introduced them.
+# Named by the date of the nanochat commit that introduced them; each after the first says only
+# what changed from the one before it.
+_INITIAL = dict(rope_base=10000.0, rope_bf16=True, qk_scale=1.0, softcap=15.0, lambdas=False,
+                sliding_windows=False, short_window="half", ve_gate_channels=0, ve_gate_scale=2.0,
+                smear_channels=0, backout=False)
+_JAN = _INITIAL | dict(lambdas=True, sliding_windows=True, ve_gate_channels=32)
+_MAR09 = _JAN | dict(rope_base=100000.0, rope_bf16=False, qk_scale=1.15, short_window="third128",
+                     ve_gate_channels=12, ve_gate_scale=3.0)
 GENERATIONS: dict[str, dict] = {
-    # 3a5e0bc (2025-10-13): the initial GPT. Plain causal attention, no lambdas.
-    "2025-10": dict(rope_base=10000.0, rope_bf16=True, qk_scale=1.0, softcap=15.0, lambdas=False,
-                    sliding_windows=False, short_window="half", ve_gate_channels=0, ve_gate_scale=2.0,
-                    smear_channels=0, backout=False),
-    # aa530cd, fbc1484, e85db6b (2026-01-11..16): lambdas, window_pattern, value embeddings.
-    "2026-01": dict(rope_base=10000.0, rope_bf16=True, qk_scale=1.0, softcap=15.0, lambdas=True,
-                    sliding_windows=True, short_window="half", ve_gate_channels=32, ve_gate_scale=2.0,
-                    smear_channels=0, backout=False),
-    # aba30cb (2026-03-02): softcap 20 for one week. Same keys as 2026-01: override only.
-    "2026-03-02": dict(rope_base=10000.0, rope_bf16=True, qk_scale=1.0, softcap=20.0, lambdas=True,
-                       sliding_windows=True, short_window="half", ve_gate_channels=32, ve_gate_scale=2.0,
-                       smear_channels=0, backout=False),
-    # 6ed7d1d (2026-03-09): autoresearch round 1.
-    "2026-03-09": dict(rope_base=100000.0, rope_bf16=False, qk_scale=1.15, softcap=15.0, lambdas=True,
-                       sliding_windows=True, short_window="third128", ve_gate_channels=12, ve_gate_scale=3.0,
-                       smear_channels=0, backout=False),
-    # a825e63 (2026-03-14) to HEAD: autoresearch round 2, smear and backout.
-    "2026-03-14": dict(rope_base=100000.0, rope_bf16=False, qk_scale=1.2, softcap=15.0, lambdas=True,
-                       sliding_windows=True, short_window="quarter128", ve_gate_channels=12, ve_gate_scale=3.0,
-                       smear_channels=24, backout=True),
+    "2025-10": _INITIAL,                      # 3a5e0bc (2025-10-13): the initial GPT, plain causal attention
+    "2026-01": _JAN,                          # aa530cd, fbc1484, e85db6b (2026-01-11..16): lambdas,
+                                              # window_pattern, value embeddings
+    "2026-03-02": _JAN | dict(softcap=20.0),  # aba30cb (2026-03-02): softcap 20 for one week
+    "2026-03-09": _MAR09,                     # 6ed7d1d (2026-03-09): autoresearch round 1
+    "2026-03-14": _MAR09 | dict(qk_scale=1.2, short_window="quarter128", smear_channels=24,
+                                backout=True),  # a825e63 (2026-03-14) to HEAD: round 2, smear and backout
 }
 LATEST = "2026-03-14"
 
