@@ -74,7 +74,7 @@ def note(lib_: ctypes.CDLL | None = None) -> str | None:
 def _context(lib_: ctypes.CDLL, threads: int, cols: int) -> int:
     key = (id(lib_), threads)
     ctx, k_max = _CTX.get(key, (0, 0))
-    if cols > k_max:
+    if cols > k_max or not ctx:
         if ctx:
             lib_.qg_free(ctx)
         k_max = max(4096, 1 << (cols - 1).bit_length())

@@ -35,20 +35,24 @@
 #define QG_TMAX 512      /* tokens a phase: longer inputs run as several */
 #define QG_MAX_BLOCKS 8192
 
+#include "prefill_attn.c"   /* the prefill's causal attention: phase kind 3 on this pool */
+
 typedef struct {
     QW w;
     float *y;
-    int nb, rb, t, tp, kind, bits;   /* kind 0: idle, 1: GEMM, 2: quantize x; bits: 8 or 16 */
+    int nb, rb, t, tp, kind, bits;   /* kind 0: idle, 1: GEMM, 2: quantize x, 3: attention; bits: 8 or 16 */
     const float *x;                  /* kind 2: the input, t x k */
     int k, sub;
     int glu;                         /* 0, or 1 + act: y = act(y) * (x W^T), y holding the gate's output */
     uint64_t call;
+    AttnJob at;                      /* kind 3 (last: the GEMM's phases are initialised in order) */
 } GPhase;
 
 typedef struct {
     int8_t *q; int16_t *q16; float *sw, *mn; int32_t *wc;   /* one block's unpacked rows (q16: int16 path) */
     float *out;                                /* [tp][rows] */
     uint8_t *gq; float *gd, *gs;               /* one token group quantized */
+    AScratch a;                                /* one attention block */
 } GScratch;
 
 typedef struct {
@@ -382,6 +386,7 @@ static int scratch_alloc(GScratch *s, int k) {
     s->gq = malloc((size_t)2 * QG_TOK * k);
     s->gd = malloc(sizeof(float) * k);
     s->gs = malloc(sizeof(float) * k);
+    if (ascratch_alloc(&s->a) != 0) return -1;
     return s->q && s->q16 && s->sw && s->mn && s->wc && s->out && s->gq && s->gd && s->gs ? 0 : -1;
 }
 
@@ -417,8 +422,29 @@ static void glu_rows(int act, float *y, const float *u, int n) {
     }
 }
 
+/* The phase's last block is published: close it (an idle phase has no blocks, so nobody claims
+   the finished call's). */
+static void phase_done(GCtx *c, uint64_t s) {
+    pool_open_begin(&c->pool, s);
+    c->ph.kind = 0;
+    c->ph.nb = 0;
+    pool_open_end(&c->pool, s);
+}
+
+static void attn_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
+    const AttnJob *J = &p->at;
+    AScratch *sc = &c->scr[tid].a;
+    int nq;
+    const int i0 = attn_compute(J, b, sc, &nq), h = b % J->hq;
+    if (!pool_take(&c->pool, s, b)) return;
+    for (int l = 0; l < nq; l++)
+        memcpy(J->o + ((size_t)(i0 + l) * J->hq + h) * J->d, sc->ob + (size_t)l * J->d, sizeof(float) * J->d);
+    if (pool_published(&c->pool, s, b, p->nb)) phase_done(c, s);
+}
+
 static void gemm_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
     if (p->kind == 2) { quant_block(c, p, b, tid, s); return; }
+    if (p->kind == 3) { attn_block(c, p, b, tid, s); return; }
     const QW *w = &p->w;
     const int r0 = b * p->rb, rows = (r0 + p->rb <= w->rows ? p->rb : w->rows - r0), rp = (rows + QG_R - 1) / QG_R * QG_R;
     const int sub = qg_sub(w), ns = w->cols / sub;
@@ -464,12 +490,7 @@ static void gemm_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
         else if (w->bias) for (int r = 0; r < rows; r++) dst[r] = src[r] + w->bias[r0 + r];
         else memcpy(dst, src, sizeof(float) * rows);
     }
-    if (pool_published(&c->pool, s, b, p->nb)) {
-        pool_open_begin(&c->pool, s);   /* idle: no blocks, so nobody claims the finished call's */
-        c->ph.kind = 0;
-        c->ph.nb = 0;
-        pool_open_end(&c->pool, s);
-    }
+    if (pool_published(&c->pool, s, b, p->nb)) phase_done(c, s);
 }
 
 static void gemm_work(GCtx *c, int tid, uint64_t until) {
@@ -533,6 +554,7 @@ void qg_free(void *p) {
         GScratch *s = &c->scr[t];
         free(s->q); free(s->q16); free(s->sw); free(s->mn); free(s->wc); free(s->out);
         free(s->gq); free(s->gd); free(s->gs);
+        ascratch_free(&s->a);
     }
     free(c->aq); free(c->ad); free(c->as); free(c->scr); free(c->workers); free(c);
 }
@@ -586,6 +608,27 @@ static int gemm_call(GCtx *c, const QW *w, const float *x, int t, float *y, int 
         pool_open_end(&c->pool, s);
         gemm_work(c, 0, c->call);
     }
+    return 0;
+}
+
+/* o (t x hq x d) = causal softmax(q k^T * scale) v for the t queries at positions pos.. over the
+   fp16 cache rows [0, pos + t) (already written), each query seeing keys [q - wl, q] (wl -1: all):
+   a layer's prefill attention. Returns 0, or -1 (the caller runs PyTorch's). */
+int qg_attention(void *p, const float *q, const uint16_t *kc, const uint16_t *vc, int t, int pos, int hq, int hk,
+                 int d, int wl, float scale, float *o) {
+    GCtx *c = p;
+    AttnJob J = {q, o, kc, vc, t, pos, hq, hk, d, wl, scale};
+    if (!c || !attn_supports(&J)) return -1;
+    GPhase ph = {0};
+    ph.kind = 3;
+    ph.nb = attn_blocks(&J);
+    ph.at = J;
+    ph.call = ++c->call;
+    uint64_t s = atomic_load(&c->pool.seq);
+    pool_open_begin(&c->pool, s);
+    c->ph = ph;
+    pool_open_end(&c->pool, s);
+    gemm_work(c, 0, c->call);
     return 0;
 }
 

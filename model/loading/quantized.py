@@ -11,8 +11,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from kvcache import Attention
 from model.cpu import file_blocks
 from model.cpu.blocks import Q4, Q8
+from model.cpu.prefill_attn import CpuAttention
 from model.cpu.qlinear import QEmbedding, QLinear
 from model.errors import ModelLoadError
 
@@ -91,3 +93,5 @@ def install(model: nn.Module, packed: dict[str, QLinear], raw: dict[str, torch.T
     tied = model.config.tie_word_embeddings
     model.lm_head = table if tied else packed.get("lm_head.weight") or QLinear.dense(raw["lm_head.weight"])
     model.cache_dtype = torch.float16   # half the K/V bytes a token reads; the C step writes fp16 too
+    if isinstance(getattr(model, "attn", None), Attention):   # a prefill's attention in C (model/cpu/prefill_attn.py)
+        model.attn = CpuAttention.wrap(model.attn)

@@ -1,0 +1,69 @@
+"""The CPU prefill's attention in C (prefill_attn.c), on the prefill GEMM's pool of threads.
+
+`CpuAttention` is the kvcache entry point for a quantized model on the CPU: a prefill (more
+than one fp32 query, the fp16 cache of one sequence, causal, no softcap) appends its K/V at
+cache_seqlens as every backend does, then attends in C; anything else, and NANOCHAT_QGEMM=0
+(the exact fp32 path), goes to the backend it wraps (SDPA). Why: torch's SDPA was ~17% of a
+one-thread pp512, and its OpenMP split collapsed when another program held a core.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from kvcache import Attention, KVCache
+from model.cpu import prefill_gemm
+
+
+def bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
+    lib = prefill_gemm.bind(lib)
+    if lib is not None and lib.qg_attention.argtypes is None:
+        lib.qg_attention.argtypes = [ctypes.c_void_p] + [ctypes.c_void_p] * 3 + [ctypes.c_int] * 6 + [
+            ctypes.c_float, ctypes.c_void_p]
+    return lib
+
+
+def attend(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int,
+           window_left: int, scale: float, threads: int) -> torch.Tensor | None:
+    """Causal attention of q (1, T, Hq, D) fp32 at positions pos.. over the fp16 caches (1, cap,
+    Hk, D), rows [0, pos + T) already written; None where the kernel does not serve it."""
+    _, t, hq, d = q.shape
+    hk = k_cache.shape[2]
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        return None
+    qc = q.contiguous()
+    o = torch.empty_like(qc)
+    with prefill_gemm._LOCK:
+        ctx = prefill_gemm._context(lib, threads, 0)
+        if not ctx or lib.qg_attention(ctx, qc.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), t, pos, hq, hk,
+                                       d, window_left, scale, o.data_ptr()) != 0:
+            return None
+    return o
+
+
+class CpuAttention(Attention):
+    """The wrapped Attention's backend choice, with the CPU prefill's attention in front of it."""
+
+    @classmethod
+    def wrap(cls, inner: Attention) -> CpuAttention:
+        out = cls.__new__(cls)
+        out.__dict__.update(inner.__dict__)
+        return out
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, cache: KVCache,
+                 layer_idx: int, causal: bool = True, window_size: tuple[int, int] = (-1, -1),
+                 softcap: float = 0.0) -> torch.Tensor:
+        k_cache, v_cache = cache.get_layer_cache(layer_idx)
+        if (q.shape[1] > 1 and k is not None and causal and softcap == 0 and window_size[1] in (0, -1)
+                and q.dtype == torch.float32 and q.device.type == "cpu" and k_cache.dtype == torch.float16
+                and cache.batch_size == 1 and prefill_gemm.enabled() and (lib := bind(prefill_gemm.lib()))):
+            pos, t = cache.seqlen, q.shape[1]
+            k_cache[:, pos:pos + t] = k
+            v_cache[:, pos:pos + t] = v
+            out = attend(lib, q, k_cache, v_cache, pos, window_size[0], q.shape[-1] ** -0.5, torch.get_num_threads())
+            if out is not None:
+                return out
+            return super().__call__(q, None, None, cache, layer_idx, causal, window_size, softcap)
+        return super().__call__(q, k, v, cache, layer_idx, causal, window_size, softcap)
