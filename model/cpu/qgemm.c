@@ -36,6 +36,7 @@
 #define QG_MAX_BLOCKS 8192
 
 #include "prefill_attn.c"   /* the prefill's causal attention: phase kind 3 on this pool */
+#include "prefill_ops.c"    /* its norms and rotary, on the calling thread */
 
 typedef struct {
     QW w;

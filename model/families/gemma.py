@@ -133,6 +133,7 @@ UNSUPPORTED = [  # (config.json key, is its value one we cannot run, why)
 class GemmaRMSNorm(nn.Module):
     """x / rms(x) * (1 + weight), all in fp32 and rounded to x's dtype once at the end
     (Llama rounds before the weight; Gemma after, which matters in bf16)."""
+    one_plus_weight = True   # for a native twin (model/loading/quantized.py: native_norms)
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -166,8 +167,7 @@ class GemmaAttention(nn.Module):
         b, t, _ = x.shape
         q = apply_rotary(self.q_norm(self.q_proj(x).view(b, t, self.n_head, self.hd)), cos, sin)
         k = apply_rotary(self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.hd)), cos, sin)
-        if self.q_scale != 1.0:
-            q = q * self.q_scale
+        q = q * self.q_scale if self.q_scale != 1.0 else q
         return q, k, self.v_proj(x).view(b, t, self.n_kv, self.hd)
 
     def forward(self, x, cos, sin, cache: KVCache, attn: Attention) -> torch.Tensor:

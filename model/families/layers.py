@@ -26,10 +26,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kvcache import Attention, KVCache
+from model.cpu import prefill_ops
 
 
 class RMSNorm(nn.Module):
     """RMSNorm with a weight and a fixed eps (Llama)."""
+
+    one_plus_weight = False   # scaled by weight (Gemma's: by 1 + weight), for a native twin
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -94,6 +97,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """x: (B, T, H, D); cos/sin: (T, D/2). Computed in the wider of x's and the tables' dtypes
     (fp32 tables lift a bf16 x, as Hugging Face does; tables in x's dtype keep it, as nanochat
     does) and returned in x's dtype."""
+    if x.device.type == "cpu" and (y := prefill_ops.rotary(x, cos, sin)) is not None:
+        return y   # a CPU prefill in fp32: the same bits in one C pass
     x1, x2 = x.to(torch.promote_types(x.dtype, cos.dtype)).chunk(2, dim=-1)
     c, s = cos[None, :, None, :], sin[None, :, None, :]
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)

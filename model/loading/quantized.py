@@ -8,11 +8,13 @@ dequantized on load, exactly, and the model is the plain one.
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 import torch.nn as nn
 
 from kvcache import Attention
-from model.cpu import file_blocks
+from model.cpu import file_blocks, prefill_ops
 from model.cpu.blocks import Q4, Q8
 from model.cpu.prefill_attn import CpuAttention
 from model.cpu.qlinear import QEmbedding, QLinear
@@ -75,6 +77,20 @@ def dequantized(packed: dict[str, QLinear]) -> dict[str, torch.Tensor]:
     return {base: ql.rows(None) for base, ql in packed.items()}
 
 
+class NativeNorm(nn.Module):
+    """Mixed in before a family's RMSNorm (any class with weight, eps and one_plus_weight): an fp32
+    input in one C pass, within an ulp or two of PyTorch's six (model/cpu/prefill_ops.py)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = prefill_ops.rms_norm(x, self.weight, self.eps, gemma=self.one_plus_weight)
+        return super().forward(x) if y is None else y
+
+
+@cache
+def native_norm(cls: type) -> type:
+    return type(f"Native{cls.__name__}", (NativeNorm, cls), {})
+
+
 def install(model: nn.Module, packed: dict[str, QLinear], raw: dict[str, torch.Tensor]) -> None:
     """Swap every nn.Linear (and the embedding) of a loaded model for a QLinear: block weights
     as packed, dense ones in the file's own dtype (`raw`). Biases move over."""
@@ -93,5 +109,8 @@ def install(model: nn.Module, packed: dict[str, QLinear], raw: dict[str, torch.T
     tied = model.config.tie_word_embeddings
     model.lm_head = table if tied else packed.get("lm_head.weight") or QLinear.dense(raw["lm_head.weight"])
     model.cache_dtype = torch.float16   # half the K/V bytes a token reads; the C step writes fp16 too
+    for mod in model.modules():   # fp32 norms in one C pass (model/cpu/prefill_ops.py)
+        if isinstance(getattr(type(mod), "one_plus_weight", None), bool) and not isinstance(mod, NativeNorm):
+            mod.__class__ = native_norm(type(mod))
     if isinstance(getattr(model, "attn", None), Attention):   # a prefill's attention in C (model/cpu/prefill_attn.py)
         model.attn = CpuAttention.wrap(model.attn)

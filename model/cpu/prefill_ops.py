@@ -1,0 +1,53 @@
+"""A prefill's RMSNorms and rotary embedding in C (prefill_ops.c), on the calling thread.
+
+`rms_norm` serves the norms the quantized CPU loader marks (model/loading/quantized.py): within
+an ulp or two of PyTorch's (the sum of squares in another order), so the fp32 reference keeps
+PyTorch's. `rotary` gives PyTorch's apply_rotary bits exactly (each product rounded, no fused
+multiply-add), so it serves any fp32 prefill on the CPU. None: not here (the caller runs PyTorch).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from model.cpu import native
+
+
+def lib() -> ctypes.CDLL | None:
+    lib_ = native.library()
+    if lib_ is None or not hasattr(lib_, "qp_rotary"):
+        return None
+    if lib_.qp_rotary.argtypes is None:
+        lib_.qp_rmsnorm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]
+        lib_.qp_rotary.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3
+    return lib_
+
+
+def _plain(*ts: torch.Tensor) -> bool:
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" and not t.requires_grad for t in ts)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor | None:
+    """x / rms(x) over the last dim, times weight (gemma: times 1 + weight)."""
+    n = x.shape[-1]
+    if not _plain(x, weight) or weight.numel() != n or (lib_ := lib()) is None:
+        return None
+    xc, w = x.contiguous(), weight.detach().contiguous()
+    y = torch.empty_like(xc)
+    lib_.qp_rmsnorm(xc.data_ptr(), y.data_ptr(), w.data_ptr(), xc.numel() // n, n, eps, int(gemma))
+    return y
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
+    """apply_rotary (model/families/layers.py) for x (1, T, H, D) and (T, D/2) tables."""
+    if x.dim() != 4 or x.shape[0] != 1 or x.shape[1] < 2 or not _plain(x, cos, sin) or (lib_ := lib()) is None:
+        return None
+    _, t, h, d = x.shape
+    if d % 2 or cos.shape != (t, d // 2) or sin.shape != (t, d // 2):
+        return None
+    xc, c, s = x.contiguous(), cos.contiguous(), sin.contiguous()
+    y = torch.empty_like(xc)
+    lib_.qp_rotary(xc.data_ptr(), y.data_ptr(), c.data_ptr(), s.data_ptr(), t, h, d)
+    return y
