@@ -8,25 +8,25 @@
  */
 
 /* y[r] = x[r] / rms(x[r]) scaled by w (gemma 0: w * (x r), Llama's order) or (1 + w) (gemma 1:
-   (x r) * (1 + w)), per row of n; the sum of squares in 16 lanes, then in order. */
+   (x r) * (1 + w)), per row of n. The sum of squares in double (in float it left the result ~3 ulp
+   from PyTorch's; in double, with the mean rounded to float as PyTorch's is, within an ulp). */
 void qp_rmsnorm(const float *x, float *y, const float *w, int rows, int n, float eps, int gemma) {
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * n;
         float *yr = y + (size_t)r * n;
-        float lane[16] = {0};
+        double ss = 0.0;
         int i = 0;
 #ifdef __AVX512F__
-        __m512 acc = _mm512_setzero_ps();
+        __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
         for (; i + 16 <= n; i += 16) {
-            const __m512 v = _mm512_loadu_ps(xr + i);
-            acc = _mm512_fmadd_ps(v, v, acc);
+            const __m512d lo = _mm512_cvtps_pd(_mm256_loadu_ps(xr + i)), hi = _mm512_cvtps_pd(_mm256_loadu_ps(xr + i + 8));
+            a0 = _mm512_fmadd_pd(lo, lo, a0);
+            a1 = _mm512_fmadd_pd(hi, hi, a1);
         }
-        _mm512_storeu_ps(lane, acc);
+        ss = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
 #endif
-        for (; i < n; i++) lane[i % 16] += xr[i] * xr[i];
-        float ss = 0.f;
-        for (int l = 0; l < 16; l++) ss += lane[l];
-        const float inv = 1.f / sqrtf(ss / (float)n + eps);
+        for (; i < n; i++) ss += (double)xr[i] * xr[i];
+        const float mean = (float)(ss / n), inv = 1.f / sqrtf(mean + eps);
         i = 0;
 #ifdef __AVX512F__
         const __m512 iv = _mm512_set1_ps(inv), one = _mm512_set1_ps(1.f);

@@ -26,7 +26,9 @@ def lib() -> ctypes.CDLL | None:
 
 
 def _plain(*ts: torch.Tensor) -> bool:
-    return all(t.dtype == torch.float32 and t.device.type == "cpu" and not t.requires_grad for t in ts)
+    """fp32 CPU tensors, and no autograd to feed (a C call records no graph)."""
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in ts)
+    return not grad and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in ts)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor | None:
