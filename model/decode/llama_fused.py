@@ -15,7 +15,7 @@ import torch
 
 from kvcache import KVCache
 from model.decode.decode_attention import DecodeAttention
-from model.decode.gemv import ACT_SWIGLU, gemv_residual, norm_gemv, pdl_supported
+from model.decode.gemv import ACT_SWIGLU, gemv, norm_gemv, pdl_supported
 from model.decode.qkv_rope import head_norm_rope, norm_qkv_rope
 
 
@@ -100,7 +100,7 @@ class LlamaFusedStep:
             q = self.q.view(1, 1, self.n_head, self.hd)
             out = self.flash.fn(q, kc[None], vc[None], cache_seqlens=self.seqlens_k, causal=True,
                                 num_splits=self.num_splits).view(-1)
-        gemv_residual(self.layers[i].wo, out, self.x, self.pdl)
+        gemv(self.layers[i].wo, out, self.x, self.pdl, add=True)
 
     def __call__(self) -> torch.Tensor:
         m, c = self.model, self.cache
@@ -119,6 +119,6 @@ class LlamaFusedStep:
                                self.n_head, self.n_kv, self.eps, pdl=self.pdl)
             self._attention(i, pos)
             norm_gemv(self.x, L.ln2, L.wgu, self.h, self.eps, ACT_SWIGLU, self.pdl)
-            gemv_residual(L.wdown, self.h, self.x, self.pdl)
+            gemv(L.wdown, self.h, self.x, self.pdl, add=True)
         norm_gemv(self.x, m.model.norm.weight, m.lm_head.weight, self.logits, self.eps, pdl=self.pdl)
         return self.logits
