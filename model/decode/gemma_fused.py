@@ -69,7 +69,7 @@ def one_plus(w: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
 
 
 class GemmaFusedStep:
-    """Same contract as TorchStep (torch_step.py): feed `tok` at cache_seqlens, write `logits`."""
+    """Same contract as TorchStep (torch_step.py): feed `token` at cache_seqlens, write `logits`."""
 
     def __init__(self, model: torch.nn.Module, cache: KVCache, attn: str = "triton", splits: int = 0,
                  num_splits: int = 1, pdl: bool = True, win_splits: int = 0, head_add: bool = False,
@@ -93,7 +93,7 @@ class GemmaFusedStep:
         if cache.capacity > self.rope[True][0].shape[0]:
             raise ValueError(f"cache capacity {cache.capacity} > rotary table {self.rope[True][0].shape[0]}")
         self.emb_scale = float(torch.tensor(c.hidden_size ** 0.5, dtype=dt))
-        self.tok = torch.zeros(1, dtype=torch.long, device=dev)
+        self.token = torch.zeros(1, dtype=torch.long, device=dev)
         self.x = torch.zeros(c.hidden_size, dtype=dt, device=dev)
         self.x2 = torch.zeros_like(self.x)    # the residual alternates between x and x2
         self.t = torch.zeros(c.hidden_size, dtype=dt, device=dev)
@@ -146,7 +146,7 @@ class GemmaFusedStep:
             torch.add(pos, 1, out=self.seqlens_full)
             torch.add(self.win_pos, 1, out=self.seqlens_win)
         x, x_next = self.x, self.x2
-        torch.index_select(m.model.embed_tokens.weight, 0, self.tok, out=x.view(1, -1))
+        torch.index_select(m.model.embed_tokens.weight, 0, self.token, out=x.view(1, -1))
         x.mul_(self.emb_scale)
         post = None   # the post-norm weight still to apply to self.t before x is the residual
         for i, L in enumerate(self.layers):

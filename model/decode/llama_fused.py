@@ -49,7 +49,7 @@ class _Layer:
 
 
 class LlamaFusedStep:
-    """Same contract as TorchStep (torch_step.py): feed `tok` at cache_seqlens, write `logits`."""
+    """Same contract as TorchStep (torch_step.py): feed `token` at cache_seqlens, write `logits`."""
 
     def __init__(self, model: torch.nn.Module, cache: KVCache, attn: str = "triton", splits: int = 0,
                  num_splits: int = 1, pdl: bool = True):
@@ -60,7 +60,7 @@ class LlamaFusedStep:
         dev, dt = cache.device, cache.dtype
         self.layers = [self._layer(layer) for layer in model.model.layers]
         self.cos, self.sin = model.rope(dev)
-        self.tok = torch.zeros(1, dtype=torch.long, device=dev)
+        self.token = torch.zeros(1, dtype=torch.long, device=dev)
         self.x = torch.zeros(cfg.hidden_size, dtype=dt, device=dev)
         self.q = torch.zeros(self.n_head * self.hd, dtype=dt, device=dev)
         self.qkv = torch.zeros((self.n_head + 2 * self.n_kv) * self.hd, dtype=dt, device=dev)  # q/k-norm path
@@ -107,7 +107,7 @@ class LlamaFusedStep:
         pos = c.cache_seqlens
         if self.flash is not None:
             torch.add(pos, 1, out=self.seqlens_k)
-        torch.index_select(m.model.embed_tokens.weight, 0, self.tok, out=self.x.view(1, -1))
+        torch.index_select(m.model.embed_tokens.weight, 0, self.token, out=self.x.view(1, -1))
         for i, L in enumerate(self.layers):
             kc, vc = c.k_cache[i, 0], c.v_cache[i, 0]
             if L.q_norm is None:
