@@ -48,8 +48,6 @@ class InputBorder:
             return ""
         if text.lstrip().startswith("/") and not text.lstrip().startswith("//"):  # a command
             return ""
-        if s.tokenizer is None:  # a --backend chat: the server's tokenizer is not here
-            return ""
         n = len(s.tokenizer.encode(text))
         room = s.message_room
         return f"{n:,} tokens" + (f", more than the {room:,} a message can hold" if n > room else "")
