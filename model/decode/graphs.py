@@ -45,7 +45,7 @@ class GraphDecoder:
         self.events = [torch.cuda.Event() for _ in range(4)]  # a ring: at most two are waited on at once
         self.ahead: tuple[int, int] | None = None   # (pos, token) of a step launched speculatively
         self.picked: tuple[int, torch.cuda.Event] | None = None  # the latest replay's position, done-event
-        self.last_token: int | None = None            # the newest token in the cache
+        self.last_token: int | None = None          # the newest token in the cache
         self.mode: str | None = None
         self.picks = triton_available()  # else greedy goes through the sampler graph
         self.host_picks = torch.zeros(cache.capacity + 1, dtype=torch.long).pin_memory()
