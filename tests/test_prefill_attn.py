@@ -84,7 +84,8 @@ def test_shapes_the_kernel_does_not_serve_return_none(builds):
 def test_a_gemma_chat_prefills_through_it_and_follows_the_reference(tmp_path, home, monkeypatch):
     """Two turns of a tiny Gemma 3 (windows of 6 keys on five layers in six, 4 query heads over
     2 KV heads, q/k norms), each prefilled through the C attention on top of the cache the first
-    left, give the fp32 reference's logits; NANOCHAT_QGEMM=0 keeps PyTorch's attention."""
+    left, give the fp32 reference's logits; 1 and 2 threads the same bits; NANOCHAT_QGEMM=0 keeps
+    PyTorch's attention."""
     from gemma_tiny import save_tiny
     from gemma_tiny import write_gguf as write_gemma
 
@@ -101,6 +102,18 @@ def test_a_gemma_chat_prefills_through_it_and_follows_the_reference(tmp_path, ho
                                 ref.model(torch.tensor([turn]), rc, last=True)[0, -1])
     assert calls and min(calls) == 0 and max(calls) > 6   # both turns, the second past the window
     torch.testing.assert_close(qc.k_cache[:, :, :qc.seqlen].float(), rc.k_cache[:, :, :rc.seqlen], atol=2e-2, rtol=2e-2)
+    # the whole prefill (GEMMs, attention, norms, rotary) gives the same bits on 1 and 2 threads
+    threads, runs = torch.get_num_threads(), []
+    ids = torch.tensor([t.start("") + t.user_turn("hello there how are you") * 3])
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            cache = q.model.new_cache(96)
+            with torch.no_grad():
+                runs.append((q.model(ids, cache), cache.k_cache.clone(), cache.v_cache.clone()))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
     monkeypatch.setenv("NANOCHAT_QGEMM", "0")
     calls.clear()
     with torch.no_grad():
