@@ -251,6 +251,26 @@ static void *worker(void *arg) {
 
 void qd_free(void *p);
 
+static int any_act8(const Model *m) {   /* does any weight of the step read Act.k8? */
+    int any = act8_kind(m->lm_head.kind);
+    for (int l = 0; l < m->n_layers; l++) {
+        const Layer *L = m->layers + l;
+        const QW *w[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
+        for (int j = 0; j < 7; j++) any |= act8_kind(w[j]->kind);
+    }
+    return any;
+}
+
+/* The int8-per-256 activations' buffers for n values (n rounded down to 256s). */
+static int act8_alloc(Act *a, size_t n) {
+    a->k8 = malloc(n + 32);
+    a->kd = malloc(sizeof(float) * (n / 32 + 8));
+    a->ks = malloc(sizeof(float) * (n / 32 + 8));
+    a->kb = malloc(sizeof(int32_t) * 16 * (n / 256 + 1));
+    return a->k8 && a->kd && a->ks && a->kb;
+}
+static void act8_free(Act *a) { free(a->k8); free(a->kd); free(a->ks); free(a->kb); }
+
 void *qd_new(const Model *m) {
     Ctx *c = calloc(1, sizeof(Ctx));
     if (!c) return NULL;
@@ -282,7 +302,8 @@ void *qd_new(const Model *m) {
     c->slots = malloc(sizeof(float) * c->slot * (size_t)(m->cap / CHUNK_MIN + 2));
     c->priv = malloc(sizeof(float) * c->priv_n * nt);
     c->scores = malloc(sizeof(float) * (size_t)m->n_head * CHUNK_MAX * nt);
-    c->a = (Act){c->xn, c->aq, c->ad, c->as, m->dim, c->aq1, c->aq2, c->aq4};
+    c->a = (Act){c->xn, c->aq, c->ad, c->as, m->dim, c->aq1, c->aq2, c->aq4, NULL, NULL, NULL, NULL};
+    if (any_act8(m) && !act8_alloc(&c->a, w)) { qd_free(c); return NULL; }
     if (!c->x || !c->xn || !c->qkv || !c->att || !c->y || !c->h || !c->aq || !c->ad || !c->as || !c->aq1 || !c->aq2 || !c->aq4 || !c->slots || !c->priv ||
         !c->scores || pool_init(&c->pool, max_nb) != 0) { qd_free(c); return NULL; }
     c->ph.kind = PH_IDLE;
@@ -306,7 +327,7 @@ void qd_free(void *p) {
     }
     if (c->pool.st) pool_destroy(&c->pool);
     free(c->x); free(c->xn); free(c->qkv); free(c->att); free(c->y); free(c->h); free(c->aq); free(c->ad);
-    free(c->as); free(c->aq1); free(c->aq2); free(c->aq4); free(c->slots); free(c->priv); free(c->scores); free(c);
+    free(c->as); free(c->aq1); free(c->aq2); free(c->aq4); act8_free(&c->a); free(c->slots); free(c->priv); free(c->scores); free(c);
 }
 
 /* The token `tok` at position `pos`: its K/V land in the cache at pos, its logits in `logits`. */

@@ -120,6 +120,11 @@ typedef struct {
     const float *x; int16_t *q; float *d, *s; int n;
     /* VNNI builds: q = 256 * q1 + q2 exactly, both int8, and q's sum over each 4 values */
     int8_t *q1, *q2; int32_t *q4;
+    /* The K-quant rows' activations (k8 != NULL, n a multiple of 256): int8 with one scale kd per
+       256 (quantize_k8), the sums of each 16 (kb, in the order qktree.h's tree leaves its lanes)
+       and kd times each 32's sum (ks, for the mins). */
+    int8_t *k8; float *kd, *ks; int32_t *kb;
+    int use8;   /* quantize_k8 found the int8 rounding close enough (K8_MAX_ERR): the K-quant rows take it */
 } Act;
 
 /* u8 x s8 products summed 4 at a time into int32 lanes (AVX-512 VNNI with VL, or AVX-VNNI). The
@@ -150,6 +155,13 @@ static void split_act(Act *a) {
 }
 
 #ifdef QD_AVX2
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
 /* 32 floats into x[0..3], and their largest magnitude: the numerator of an int8 or int16 block's
    scale (quantize_act here, and qgemm.c's quant32 and quant32_16). */
 static inline float load32_amax(const float *p, __m256 x[4]) {
@@ -162,7 +174,90 @@ static inline float load32_amax(const float *p, __m256 x[4]) {
 }
 #endif
 
+/* int8 for the K-quant rows (Q4_K, Q5_K, Q6_K): one multiply-add per 32 values a row where the
+   int16 activations need two (one per byte plane). One scale per K8_GROUP values (32; 256 is
+   llama.cpp's Q8_K), stored per 32 either way: 1/127 of the group's largest magnitude, against
+   1/32639 for the int16 ones. q = rint(x * (1 / d)). The error this costs is measured in
+   docs/notes.md ("CPU decode, fifth push"). */
+#ifndef K8_GROUP
+#define K8_GROUP 32
+#endif
+#define Q8MAX 127.f
+/* The int8 rounding's relative error (|x - q d| / |x|) above which a vector keeps the int16 path:
+   0.53% is the floor for Gaussian values at one scale per 32; the real models' MLP hidden states
+   (the down projections' input, with outlier channels) measured 0.9-1.3%, and int8 there cost
+   greedy agreement (docs/notes.md). */
+#ifndef K8_MAX_ERR
+#define K8_MAX_ERR 0.007f
+#endif
+static inline int kb_slot(int p) { return (p >> 3) * 8 + (p & 1) * 4 + ((p >> 1) & 3); }   /* p: the 16-group */
+
+static void quantize_k8(Act *a) {
+    float err = 0.f, norm = 0.f;   /* |x - q d|^2 and |x|^2 over the vector */
+    for (int i = 0; i < a->n / 256; i++) {
+        const float *x = a->x + 256 * i;
+        float amax[8];
+        int sum[16];
+#ifdef QD_AVX2
+        __m256 v[8][4];
+        for (int k = 0; k < 8; k++) amax[k] = load32_amax(x + 32 * k, v[k]);
+#else
+        for (int k = 0; k < 8; k++) {
+            amax[k] = 0.f;
+            for (int j = 32 * k; j < 32 * k + 32; j++) amax[k] = fmaxf(amax[k], fabsf(x[j]));
+        }
+#endif
+        for (int k0 = 0; k0 < 8; k0 += K8_GROUP / 32) {   /* a group's scale: its largest magnitude */
+            float m = 0.f;
+            for (int k = k0; k < k0 + K8_GROUP / 32; k++) m = fmaxf(m, amax[k]);
+            for (int k = k0; k < k0 + K8_GROUP / 32; k++) amax[k] = m;
+        }
+        for (int k = 0; k < 8; k++) {
+            const float d = amax[k] / Q8MAX, id = d > 0.f ? 1.f / d : 0.f;
+            int8_t *q8 = a->k8 + 256 * i + 32 * k;
+#ifdef QD_AVX2
+            __m256i q[4];
+            __m256 e8 = _mm256_setzero_ps(), n8 = e8;
+            for (int j = 0; j < 4; j++) {
+                q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k][j], _mm256_set1_ps(id)));
+                const __m256 r = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(q[j]), _mm256_set1_ps(d), v[k][j]);
+                e8 = _mm256_fmadd_ps(r, r, e8);
+                n8 = _mm256_fmadd_ps(v[k][j], v[k][j], n8);
+            }
+            err += hsum(e8);
+            norm += hsum(n8);
+            /* packs works within 128-bit lanes: dwords [q0a q1a q2a q3a q0b q1b q2b q3b] back to order */
+            const __m256i b8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            _mm256_storeu_si256((__m256i *)q8, _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            for (int h = 0; h < 2; h++) {
+                const __m256i t = _mm256_add_epi32(q[2 * h], q[2 * h + 1]);
+                __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+                sum[2 * k + h] = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1)));
+            }
+#else
+            for (int h = 0; h < 2; h++) {
+                sum[2 * k + h] = 0;
+                for (int j = 16 * h; j < 16 * h + 16; j++) {
+                    const float xj = x[32 * k + j];
+                    q8[j] = (int8_t)lrintf(xj * id);
+                    sum[2 * k + h] += q8[j];
+                    err += (xj - q8[j] * d) * (xj - q8[j] * d);
+                    norm += xj * xj;
+                }
+            }
+#endif
+            a->kd[8 * i + k] = d;
+            a->ks[8 * i + k] = d * (float)(sum[2 * k] + sum[2 * k + 1]);
+        }
+        for (int p = 0; p < 16; p++) a->kb[16 * i + kb_slot(p)] = sum[p];
+    }
+    a->use8 = err <= K8_MAX_ERR * K8_MAX_ERR * norm;
+}
+
 static void quantize_act(Act *a) {
+    a->use8 = 0;
+    if (a->k8 && a->n % 256 == 0) quantize_k8(a);
     for (int b = 0; b < a->n / 32; b++) {
         const float *x = a->x + 32 * b;
 #ifdef QD_AVX2
@@ -210,12 +305,6 @@ static void quantize_act(Act *a) {
 #else
 #define DOT2(a0, x0, a1, x1) _mm256_add_epi32(_mm256_madd_epi16(a0, x0), _mm256_madd_epi16(a1, x1))
 #endif
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 #endif
 
 static float dot_dense(const QW *w, int r, const float *x) {
@@ -757,7 +846,8 @@ void qd_gemv(const QW *w, const float *x, float *y, int n_threads) {
     float *d = malloc(sizeof(float) * (n / 32 + 1)), *s = malloc(sizeof(float) * (n / 32 + 1));
     int8_t *q1 = malloc(n + 32), *q2 = malloc(n + 32);
     int32_t *q4 = malloc(sizeof(int32_t) * (n / 4 + 8));
-    Act a = {x, q, d, s, n, q1, q2, q4};
+    Act a = {x, q, d, s, n, q1, q2, q4, NULL, NULL, NULL, NULL};
+    if (act8_kind(w->kind)) act8_alloc(&a, (size_t)n);   /* the K-quant rows' int8 activations */
     if (w->kind >= K_Q8) quantize_act(&a);
 #ifdef _OPENMP
 #pragma omp parallel num_threads(n_threads)
@@ -769,7 +859,7 @@ void qd_gemv(const QW *w, const float *x, float *y, int n_threads) {
 #else
     gemv(w, &a, y, 0, w->rows);
 #endif
-    free(q); free(d); free(s); free(q1); free(q2); free(q4);
+    free(q); free(d); free(s); free(q1); free(q2); free(q4); act8_free(&a);
 }
 
 int qd_simd(void) {   /* 0: portable C, 1: AVX2 */
