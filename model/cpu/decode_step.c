@@ -74,10 +74,25 @@ static int attn_chunk(const Ctx *c, int n) {
     return ch < CHUNK_MIN ? CHUNK_MIN : ch > CHUNK_MAX ? CHUNK_MAX : ch;
 }
 
-static void quantize_input(Ctx *c, float *x, int n) {
+static int act_need(const QW *w) {   /* quantize_act's A_* for one weight */
+    if (w->kind < K_Q8) return 0;   /* dense: the fp32 input itself */
+    if (w->kind < K_FILE_FIRST) return A_16;
+    const FileFmt *f = &FILE_FMT[w->kind - K_FILE_FIRST];
+    return (f->a8 ? A_K8 : A_16) | (f->v8 ? A_SPLIT : 0);
+}
+
+/* The input of phase `kind` (of layer l) quantized as its weights read it. */
+static void quantize_input(Ctx *c, float *x, int n, int kind, int l) {
+    const Layer *L = c->m.layers + l;
+    int need = 0;
+    if (kind == PH_QKV) need = act_need(&L->wq) | act_need(&L->wk) | act_need(&L->wv);
+    else if (kind == PH_WO) need = act_need(&L->wo);
+    else if (kind == PH_GU) need = act_need(&L->wg) | act_need(&L->wu);
+    else if (kind == PH_DOWN) need = act_need(&L->wd);
+    else need = act_need(&c->m.lm_head);
     c->a.x = x;
     c->a.n = n;
-    quantize_act(&c->a);
+    quantize_act(&c->a, need);
 }
 
 /* Opens phase `kind` of layer l after phase s (the caller finished s, or no phase is running). */
@@ -141,21 +156,21 @@ static void after(Ctx *c, const Phase *p, uint64_t s) {
             }
             for (int j = 0; j < d; j++) o[j] /= l2;
         }
-        quantize_input(c, c->att, qd);
+        quantize_input(c, c->att, qd, PH_WO, l);
         open_phase(c, s, PH_WO, l);
     } else if (p->kind == PH_WO) {
         residual(c, L->post_attn_norm);
         rmsnorm(c->xn, c->x, L->ffn_norm, m->dim, m->eps);
-        quantize_input(c, c->xn, m->dim);
+        quantize_input(c, c->xn, m->dim, PH_GU, l);
         open_phase(c, s, PH_GU, l);
     } else if (p->kind == PH_GU) {
-        quantize_input(c, c->h, m->hidden);
+        quantize_input(c, c->h, m->hidden, PH_DOWN, l);
         open_phase(c, s, PH_DOWN, l);
     } else if (p->kind == PH_DOWN) {
         residual(c, L->post_ffn_norm);
         const int last = l + 1 == m->n_layers;
         rmsnorm(c->xn, c->x, last ? m->final_norm : L[1].attn_norm, m->dim, m->eps);
-        quantize_input(c, c->xn, m->dim);
+        quantize_input(c, c->xn, m->dim, last ? PH_HEAD : PH_QKV, last ? 0 : l + 1);
         open_phase(c, s, last ? PH_HEAD : PH_QKV, last ? 0 : l + 1);
     } else if (p->kind == PH_HEAD)
         open_phase(c, s, PH_IDLE, 0);
@@ -344,7 +359,7 @@ int qd_step(void *p, int tok, int pos, uint16_t *kbase, uint16_t *vbase, float *
     dequant_row(&m->embed, tok, c->x);
     if (m->emb_scale != 1.f) for (int j = 0; j < m->dim; j++) c->x[j] *= m->emb_scale;
     rmsnorm(c->xn, c->x, m->layers[0].attn_norm, m->dim, m->eps);
-    quantize_input(c, c->xn, m->dim);
+    quantize_input(c, c->xn, m->dim, PH_QKV, 0);
     open_phase(c, atomic_load(&c->pool.seq), PH_QKV, 0);
     work(c, 0, c->token);
 #ifdef QD_AVX2

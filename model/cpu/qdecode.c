@@ -255,9 +255,16 @@ static void quantize_k8(Act *a) {
     a->use8 = err <= K8_MAX_ERR * K8_MAX_ERR * norm;
 }
 
-static void quantize_act(Act *a) {
+/* What a phase's weights read of the quantized input: the int8 activations (A_K8), the int16 ones
+   (A_16) for the other block formats, and the int16's byte planes (A_SPLIT) for the VNNI byte
+   kernels, which also serve a K-quant row when its input stays int16. Work a phase does not need
+   is skipped: the byte split alone was ~2% of a SmolLM2 token, whose rows never read it. */
+enum { A_K8 = 1, A_16 = 2, A_SPLIT = 4, A_ALL = 7 };
+
+static void quantize_act(Act *a, int need) {
     a->use8 = 0;
-    if (a->k8 && a->n % 256 == 0) quantize_k8(a);
+    if ((need & A_K8) && a->k8 && a->n % 256 == 0) quantize_k8(a);
+    if (!(need & A_16) && a->use8) return;
     for (int b = 0; b < a->n / 32; b++) {
         const float *x = a->x + 32 * b;
 #ifdef QD_AVX2
@@ -290,7 +297,7 @@ static void quantize_act(Act *a) {
         a->s[b] = d * (float)sum;
 #endif
     }
-    split_act(a);
+    if (need & A_SPLIT) split_act(a);
 }
 
 /* ---- one row's dot product ---------------------------------------------------------------- */
@@ -848,7 +855,7 @@ void qd_gemv(const QW *w, const float *x, float *y, int n_threads) {
     int32_t *q4 = malloc(sizeof(int32_t) * (n / 4 + 8));
     Act a = {x, q, d, s, n, q1, q2, q4, NULL, NULL, NULL, NULL};
     if (act8_kind(w->kind)) act8_alloc(&a, (size_t)n);   /* the K-quant rows' int8 activations */
-    if (w->kind >= K_Q8) quantize_act(&a);
+    if (w->kind >= K_Q8) quantize_act(&a, A_ALL);
 #ifdef _OPENMP
 #pragma omp parallel num_threads(n_threads)
     {
