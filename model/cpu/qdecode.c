@@ -669,8 +669,8 @@ static inline __attribute__((always_inline)) void scores4(const float *q, const 
    order, where the 8-dims-at-a-time pass below walked a 32-key tile d/8 times and (for three
    heads) kept a fourth accumulator for nothing. */
 static inline __attribute__((always_inline)) void values_regs(const float *p, int nt, const uint16_t *v, size_t row,
-                                                              size_t far, int nh, int d8, float *pacc) {
-    __m256 acc[3][16];
+                                                              size_t far, int nh, int d8, float *pacc, int hs) {
+    __m256 acc[4][16];
     for (int i = 0; i < nh; i++)
         for (int j = 0; j < d8; j++) acc[i][j] = _mm256_setzero_ps();
     for (int u = 0; u < nt; u++) {
@@ -686,7 +686,7 @@ static inline __attribute__((always_inline)) void values_regs(const float *p, in
     }
     for (int i = 0; i < nh; i++)
         for (int j = 0; j < d8; j++) {
-            float *pa = pacc + (size_t)i * d8 * 8 + 8 * j;
+            float *pa = pacc + (size_t)i * hs + 8 * j;   /* hs: floats from one head's output to the next */
             _mm256_storeu_ps(pa, _mm256_add_ps(_mm256_loadu_ps(pa), acc[i][j]));
         }
 }
@@ -779,11 +779,21 @@ static void attn_part(const Model *m, const float *q, const uint16_t *kc, const 
                 const float *p = scores + (size_t)hb * nt;
                 const uint16_t *v = vc + (size_t)t0 * row + (size_t)kv * d;
                 float *pa = pacc + (size_t)hb * d;
-                if (d == 128) values_regs(p, nt, v, row, far, 1, 16, pa);
-                else if (nh == 3) values_regs(p, nt, v, row, far, 3, 8, pa);
-                else if (nh == 2) values_regs(p, nt, v, row, far, 2, 8, pa);
-                else values_regs(p, nt, v, row, far, 1, 8, pa);
+                if (d == 128) values_regs(p, nt, v, row, far, 1, 16, pa, d);
+                else if (nh == 3) values_regs(p, nt, v, row, far, 3, 8, pa, d);
+                else if (nh == 2) values_regs(p, nt, v, row, far, 2, 8, pa, d);
+                else values_regs(p, nt, v, row, far, 1, 8, pa, d);
             }
+        return;
+    }
+    if (d % 32 == 0 && g % 4 == 0) {   /* Gemma 3's d 256: four heads x 32 dims a pass, V read once per pass */
+        for (int kv = kv0; kv < kv1; kv++)
+            for (int i0 = 0; i0 < g; i0 += 4)
+                for (int o = 0; o < d; o += 32) {
+                    const int hb = kv * g + i0 - h0;
+                    values_regs(scores + (size_t)hb * nt, nt, vc + (size_t)t0 * row + (size_t)kv * d + o, row, far, 4, 4,
+                                pacc + (size_t)hb * d + o, d);
+                }
         return;
     }
 #endif
