@@ -1,7 +1,8 @@
 """The C step's attention at the head shapes of the real families (qdecode.c: scores4 converts each
 key once for up to 4 query heads, values_regs keeps every dim of 1-3 heads in registers for head
 dims 64 and 128, and 32 dims of 4 heads a pass for Gemma 3's 256): tiny Llama GGUFs with 3 and 5
-query heads a KV head at head_dim 64, 2 at 128 and 4 at 256, decoded past 40 keys, follow the fp32 reference's logits and picks."""
+query heads a KV head at head_dim 64, 2 at 128 and 4 at 256, decoded past 40 keys, follow the
+fp32 reference's logits and picks."""
 
 from __future__ import annotations
 
