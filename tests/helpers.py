@@ -584,7 +584,7 @@ def assert_transcript(s: Session):
     want = t.start(s.system)
     for ex in s.exchanges:
         want += t.user_turn(ex.user) + s.tokens[ex.reply_start:ex.end - len(t.end_reply())] + t.end_reply()
-        assert s.tok.decode(s.tokens[ex.reply_start:ex.end - len(t.end_reply())]) == ex.reply
+        assert s.tokenizer.decode(s.tokens[ex.reply_start:ex.end - len(t.end_reply())]) == ex.reply
     assert s.tokens == want
 
 

@@ -30,12 +30,12 @@ def main(prompts: list[int], spec: str = "random:tiny") -> None:
             m(ids, ref_cache)
             m(ids, cache)
             step = LlamaFusedStep(m, cache, pdl=False, splits=4)
-            for tok in (7, 11):
-                ref = m(torch.tensor([[tok]]), ref_cache)[0, -1]
-                step.tok.fill_(tok)
+            for token in (7, 11):
+                ref = m(torch.tensor([[token]]), ref_cache)[0, -1]
+                step.token.fill_(token)
                 out = step()[:ref.shape[0]]
                 cache.advance(1)
-                rows.append(dict(prompt=n, tok=tok, splits=step.decode_attn.splits, block=step.decode_attn.block_n,
+                rows.append(dict(prompt=n, token=token, splits=step.decode_attn.splits, block=step.decode_attn.block_n,
                                  rel_err=float((out - ref).norm() / ref.norm()),
                                  argmax_equal=int(out.argmax()) == int(ref.argmax())))
             k = (cache.k_cache[:, :, :cache.seqlen] - ref_cache.k_cache[:, :, :cache.seqlen]).abs().max()
@@ -113,10 +113,10 @@ def greedy_cases() -> None:
             logits[BLOCK + 3] = logits[5] = 50
         elif where == "tie_within":
             logits[70] = logits[40] = 50
-        tok, host = torch.zeros(1, dtype=torch.long), torch.full((64,), -1, dtype=torch.long)
+        token, host = torch.zeros(1, dtype=torch.long), torch.full((64,), -1, dtype=torch.long)
         pos = torch.tensor([37], dtype=torch.int32)
-        greedy_pick(logits, pos, tok, host)
-        rows.append(dict(v=v, case=where, got=int(tok[0]), host=int(host[37]), want=int(logits.argmax()),
+        greedy_pick(logits, pos, token, host)
+        rows.append(dict(v=v, case=where, got=int(token[0]), host=int(host[37]), want=int(logits.argmax()),
                          others_untouched=int((host != -1).sum()) == 1))
     print(json.dumps(rows))
 

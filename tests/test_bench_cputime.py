@@ -40,12 +40,14 @@ def test_llama_cost_a_token_cancels_the_fixed_part(tmp_path):
 
 
 def test_cputime_runs_ours_on_the_c_step(tmp_path, capsys):
-    cputime.main([str(TINY), "--depth", "0,16", "--tokens", "4", "--rounds", "1",
-                  "--llama-bench", cpu_burning_llama_bench(tmp_path, 1.0)])
+    # 4 ms a token over 16 tokens' difference: the stand-in's start-up varies by a few ms of CPU
+    # between its two runs on a loaded machine, which at 1 ms over 8 tokens read as 1.59 ms
+    cputime.main([str(TINY), "--depth", "0,16", "--tokens", "8", "--rounds", "1",
+                  "--llama-bench", cpu_burning_llama_bench(tmp_path, 4.0)])
     out = capsys.readouterr().out
     rows = re.findall(r"depth (\d+): ours ([\d.]+) ms .* llama.cpp ([\d.]+) ms .* llama.cpp / ours ([\d.]+)x", out)
     assert [r[0] for r in rows] == ["0", "16"], out
-    assert all(float(o) > 0 and 0.5 < float(p) < 1.5 for _, o, p, _ in rows), out
+    assert all(float(o) > 0 and 3.0 < float(p) < 5.0 for _, o, p, _ in rows), out
 
 
 def test_gemv_rates_compares_builds_on_the_same_matrices(capsys):

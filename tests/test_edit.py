@@ -111,7 +111,7 @@ def test_a_qwen3_edit_keeps_the_replies_before_it_in_their_history_form():
         assert st.cached_before == start and st.prefill_tokens == len(s.template.user_turn(text))
         users = ["Hi, who are you?", "Name three colours."][:n - 1] + [text]
         want = official("Qwen-Qwen3-0.6B", messages(None, users, ["<think>Plan</think>Hi!"] * (n - 1)))
-        assert s.tokens[:s.exchanges[-1].reply_start] == encode_rendered(s.tok, want)
+        assert s.tokens[:s.exchanges[-1].reply_start] == encode_rendered(s.tokenizer, want)
         assert_invariant(s)
 
 

@@ -46,7 +46,7 @@ def test_thinking_arrives_as_thinking_without_its_markers(qwen3):
     assert kinds(events) == [("thinking", "Plan"), ("answer", "Hi!")]
     ex = s.exchanges[0]
     assert ex.parts == [Part("thinking", "Plan"), Part("answer", "Hi!")]
-    assert stored_parts(s.template, s.tok, ex.reply) == ex.parts  # the stored text, parsed, says the same
+    assert stored_parts(s.template, s.tokenizer, ex.reply) == ex.parts  # the stored text, parsed, says the same
 
 
 def test_a_calculator_call_and_its_output_arrive_as_tool_kinds(calc):
@@ -57,7 +57,7 @@ def test_a_calculator_call_and_its_output_arrive_as_tool_kinds(calc):
     (st,) = [e for e in events if isinstance(e, TurnStats)]
     assert st.reply == "<|python_start|>12*7<|python_end|><|output_start|>84<|output_end|> ok"  # as before
     ex = s.exchanges[0]
-    assert stored_parts(s.template, s.tok, ex.reply) == ex.parts
+    assert stored_parts(s.template, s.tokenizer, ex.reply) == ex.parts
     assert answer_text(s.reply_parts(ex)) == " ok"
     ex.parts = []  # as a reopened chat's exchange: known only as text
     assert answer_text(s.reply_parts(ex)) == " ok"

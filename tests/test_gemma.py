@@ -130,7 +130,7 @@ def test_windowed_layers_never_read_outside_their_window(variant):
             outs.append(m(ids[:, 47:55], cache))    # a prefill on top
             step = TorchStep(m, cache)
             for t in ids[0, 55:60]:                 # and decode steps, past the poisoned region
-                step.tok.fill_(int(t))
+                step.token.fill_(int(t))
                 outs.append(step().clone()[None, None])
                 cache.advance(1)
         return torch.cat(outs, 1)
@@ -149,7 +149,7 @@ def test_decode_step_equals_the_eager_forward(variant):
         step = TorchStep(m, stepped)
         for t in ids[0, 20:]:
             want = m(t.view(1, 1), eager)[0, 0]
-            step.tok.fill_(int(t))
+            step.token.fill_(int(t))
             assert (step() - want).abs().max().item() <= 1e-5
             stepped.advance(1)
 
@@ -185,7 +185,7 @@ def test_chat_format_equals_the_official_template(variant):
     trimmed in the history) equals Gemma 3's own template over the whole chat."""
     _, d, _ = variant
     lm = load_model(str(d))
-    tok, fmt = lm.tokenizer, lm.template
+    tokenizer, fmt = lm.tokenizer, lm.template
     users, replies = ["hello there", "  the capital of France? ", "how are you"], ["yes ok\n", " Paris is"]
     for system in (None, "You are terse.", " terse \n"):
         for k in range(3):
@@ -194,9 +194,9 @@ def test_chat_format_equals_the_official_template(variant):
                 msgs += [{"role": "user", "content": u}, {"role": "assistant", "content": r}]
             out, _ = render([msgs + [{"role": "user", "content": users[k]}]], chat_template=TEMPLATE,
                             add_generation_prompt=True, bos_token="<bos>", eos_token="<eos>")
-            turns = [(u, tok.encode_rendered(r)) for u, r in zip(users[:k], replies[:k], strict=True)]
-            assert fmt.conversation(system or "", turns, users[k]) == tok.encode_rendered(out[0])
-    assert fmt.stop_ids == {tok.token("<end_of_turn>"), tok.token("<eos>")}
+            turns = [(u, tokenizer.encode_rendered(r)) for u, r in zip(users[:k], replies[:k], strict=True)]
+            assert fmt.conversation(system or "", turns, users[k]) == tokenizer.encode_rendered(out[0])
+    assert fmt.stop_ids == {tokenizer.token("<end_of_turn>"), tokenizer.token("<eos>")}
 
 
 def test_without_a_template_the_family_format_is_used(tmp_path):

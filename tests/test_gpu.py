@@ -48,7 +48,7 @@ def test_device_position_step_matches_eager_forward(spec):
         step = build_step(m, cache, GraphConfig(fused=False))
         for t in (7, 11, 13):
             ref = m(torch.tensor([[t]]), ref_cache)[0, -1]
-            step.tok.fill_(t)
+            step.token.fill_(t)
             out = step()
             assert int(cache.cache_seqlens) == cache.seqlen  # the step itself leaves the cache alone
             cache.advance(1)
@@ -181,11 +181,11 @@ def graph_against_eager(lm, cfg: GraphConfig, n: int) -> tuple[list[int], list[i
     # fused kernels sum in another order than cuBLAS, so a near-tie can flip; a real bug
     # (a wrong position, a stale cache entry) is off by hundreds of ulps.
     gaps = []
-    for tok in ours:
+    for token in ours:
         top = float(eager.logits.max())
         ulp = 2.0 ** (torch.tensor(abs(top)).log2().floor().item() - 7)  # bf16 spacing at the top logit
-        gaps.append(float(top - eager.logits[tok]) / ulp)
-        eager.feed(tok)
+        gaps.append(float(top - eager.logits[token]) / ulp)
+        eager.feed(token)
     return ours, greedy(eager, prompt, n), gaps, graph.graphs.name
 
 
@@ -246,7 +246,7 @@ def test_fused_step_across_attention_split_layouts(lm):
             for step in (ref, fused):  # each feeds the token the prefill put there: the cache stays the same
                 cache.reset()
                 cache.advance(pos)  # moves the counter only: the prefilled K/V stay
-                step.tok.fill_(int(ids[0, pos]))
+                step.token.fill_(int(ids[0, pos]))
                 step()
             torch.cuda.synchronize()
             blocks = (pos + block) // block
@@ -398,13 +398,13 @@ def gemma_graph_against_eager(lm, cfg: GraphConfig, prompt_len: int, n: int, cap
     eager.configure(SamplingConfig(temperature=0.0))
     eager.prefill(ids)
     gaps, errs = [], []
-    for tok in ours:
+    for token in ours:
         top = float(eager.logits.max())
         ulp = 2.0 ** (torch.tensor(abs(top)).log2().floor().item() - 7)
-        gaps.append(float(top - eager.logits[tok]) / ulp)
+        gaps.append(float(top - eager.logits[token]) / ulp)
         errs.append(rel_err(graph.logits[:lm.tokenizer.vocab_size], eager.logits[:lm.tokenizer.vocab_size]))
-        eager.feed(tok)
-        graph.feed(tok)
+        eager.feed(token)
+        graph.feed(token)
     return ours, gaps, errs, graph.graphs.name
 
 
@@ -448,7 +448,7 @@ def test_gemma3_graph_step_sees_exactly_its_window(fused):
     ids = torch.randint(100, 30000, (700,), generator=torch.Generator().manual_seed(2)).tolist()
     gen.configure(SamplingConfig(temperature=0.0))
     gen.prefill(ids)
-    tok = gen.sample()
+    token = gen.sample()
     pos, cache, windowed = gen.cache.seqlen, gen.cache, [i for i, t in enumerate(c.layer_types) if t == SLIDING]
 
     def step_with(poison_to: int | None) -> torch.Tensor:
@@ -457,7 +457,7 @@ def test_gemma3_graph_step_sees_exactly_its_window(fused):
             for i in windowed:
                 cache.k_cache[i, :, :poison_to] = 1e4
                 cache.v_cache[i, :, :poison_to] = 1e4
-        gen.feed(tok)
+        gen.feed(token)
         return gen.logits.clone()
 
     with torch.inference_mode():

@@ -17,6 +17,10 @@ def test_the_tracer_lists_the_files_a_headless_turn_runs(tmp_path, monkeypatch):
             "kvcache/attention.py", "chatapp/headless.py"} <= files
     assert "chatapp/bench/message_path.py" not in files and not any(f.startswith("tests/") for f in files)
     assert result["files"] == len(files) == sum(result["by_folder"].values())
+    # the commit is the message's; the ready line, the exit's save and the schema (read at open) are not
+    assert "chatapp/store/database.py" in files
+    assert not files & {"chatapp/keeper/final_save.py", "chatapp/keeper/keeper.py", "chatapp/chat/stats.py",
+                        "chatapp/store/schema.py"}
 
 
 def test_the_tracer_follows_a_tui_turn_into_the_worker_thread(tmp_path, monkeypatch):

@@ -70,3 +70,21 @@ def test_a_v1_store_opens_gains_the_column_and_reads_read_only(tmp_path):
     db.close()
     chat = ChatStore(rw).get(1)
     assert chat.messages[1].stop == "" and chat.damage == ["message 2: stop is 'sideways', not a stop reason"]
+
+
+def test_a_v1_store_locked_at_open_saves_stops_once_another_process_upgrades_it(tmp_path):
+    """The stop column is read once at open; a v1 store that was locked then is asked again at
+    each save, so the upgrade another process makes later is used (the stop is kept)."""
+    shutil.copytree(LEGACY, tmp_path / "s")
+    lock = sqlite3.connect(tmp_path / "s" / "chats.db", isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")   # another process writing: the upgrade at open must wait
+    early = ChatStore(tmp_path / "s", timeout=0.05)
+    lock.execute("ROLLBACK")
+    lock.close()
+    assert early.stop_column() == "''"   # opened as v1
+    ChatStore(tmp_path / "s").close()     # the next process upgrades it
+    chat = early.get(1)
+    chat.messages[-1].stop = "length"
+    early.save(chat)
+    assert early.get(1).messages[-1].stop == "length"
+    early.close()

@@ -50,7 +50,7 @@ def test_the_session_splits_thinking_and_shows_the_model_the_official_history(qw
         # What the model read before this reply: the official template over the chat so far.
         prompt = s.tokens[:s.exchanges[-1].reply_start]
         want = official("Qwen-Qwen3-0.6B", messages(None, USERS[:k + 1], ["<think>Plan</think>Hi!"] * k))
-        assert prompt == encode_rendered(s.tok, want)
+        assert prompt == encode_rendered(s.tokenizer, want)
         if k:  # the last reply lost its thinking: re-prefilled from its start, and no further
             assert st.cached_before == s.exchanges[-2].reply_start
     assert s.exchanges[0].reply == "<think>Plan</think>Hi!"  # the store's text keeps it

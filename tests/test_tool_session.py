@@ -25,18 +25,18 @@ def calc_model():
 
 def test_tool_call_forces_output_through_the_cache(calc_model):
     s = Session(calc_model, Settings(temperature=0.0, max_new_tokens=40, system="Be terse."))
-    t, tok = s.template, s.tok
+    t, tokenizer = s.template, s.tokenizer
     events = list(s.send("What is 12*7?"))
     calls = [e for e in events if isinstance(e, ToolCall)]
     (st,) = [e for e in events if isinstance(e, TurnStats)]
     assert calls == [ToolCall("12*7", "84")] and st.tool_calls == calls and st.stop == "end"
     tt = t.tool_tokens
     ex = s.exchanges[0]
-    assert s.tokens[:ex.reply_start] == [t.bos_id, t.user_start, *tok.encode("Be terse.\n\nWhat is 12*7?"),
+    assert s.tokens[:ex.reply_start] == [t.bos_id, t.user_start, *tokenizer.encode("Be terse.\n\nWhat is 12*7?"),
                                          t.user_end, t.assistant_start]
-    assert s.tokens[ex.reply_start:] == [tt["python_start"], *tok.encode("12*7"), tt["python_end"],
-                                         tt["output_start"], *tok.encode("84"), tt["output_end"],
-                                         *tok.encode(" ok"), t.assistant_end]
+    assert s.tokens[ex.reply_start:] == [tt["python_start"], *tokenizer.encode("12*7"), tt["python_end"],
+                                         tt["output_start"], *tokenizer.encode("84"), tt["output_end"],
+                                         *tokenizer.encode(" ok"), t.assistant_end]
     assert ex.reply.endswith("<|output_start|>84<|output_end|> ok")
     assert_invariant(s)
     assert to_json(st)["tool_calls"] == [{"expr": "12*7", "result": "84"}]
@@ -61,9 +61,9 @@ def test_invalid_expression_forces_nothing():
     s = Session(scripted("1/0", " ok"), Settings(temperature=0.0, max_new_tokens=40))
     events = list(s.send("Divide."))
     assert [e for e in events if isinstance(e, ToolCall)] == [ToolCall("1/0", None)]
-    t, tok = s.template, s.tok
+    t, tokenizer = s.template, s.tokenizer
     reply = s.tokens[s.exchanges[0].reply_start:]
     assert t.tool_tokens["output_start"] not in reply
-    assert reply == [t.tool_tokens["python_start"], *tok.encode("1/0"), t.tool_tokens["python_end"],
-                     *tok.encode(" ok"), t.assistant_end]
+    assert reply == [t.tool_tokens["python_start"], *tokenizer.encode("1/0"), t.tool_tokens["python_end"],
+                     *tokenizer.encode(" ok"), t.assistant_end]
     assert_invariant(s)

@@ -29,9 +29,9 @@ def step_vs_eager(model, step_cls=TorchStep, prompt: int = 9, tokens=(5, 17, 3))
         model(ids, ref_cache)
         model(ids, cache)
         step = step_cls(model, cache)
-        for tok in tokens:
-            ref = model(torch.tensor([[tok]]), ref_cache)[0, -1]
-            step.tok.fill_(tok)
+        for token in tokens:
+            ref = model(torch.tensor([[token]]), ref_cache)[0, -1]
+            step.token.fill_(token)
             out = step()[:ref.shape[0]]
             cache.advance(1)
             worst = max(worst, float((out - ref).abs().max()))

@@ -13,7 +13,7 @@ async def test_the_input_counts_its_tokens_as_you_type():
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         await pilot.press(*"hello there")
-        want = f"{len(app.session.tok.encode('hello there'))} tokens"
+        want = f"{len(app.session.tokenizer.encode('hello there'))} tokens"
         await until(pilot, lambda: app.input.border_subtitle == want, what=want)
         app.input.text = "word " * 200
         await until(pilot, lambda: "more than the" in str(app.input.border_subtitle), what="the room warning")
@@ -58,7 +58,7 @@ async def test_a_long_prefill_shows_its_progress_and_the_turn_in_flight():
             time.sleep(0.05)
         gen.prefill = slow_prefill
         words = " ".join(f"w{i}" for i in range(200))
-        assert 700 < len(app.session.tok.encode(words)) < app.session.message_room
+        assert 700 < len(app.session.tokenizer.encode(words)) < app.session.message_room
         app.input.text = words
         await pilot.press("enter")
         seen, end = [], time.monotonic() + 60

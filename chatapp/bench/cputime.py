@@ -40,11 +40,11 @@ def ours_ms(gen: Generator, depth: int, tokens: int) -> float:
     gen.forget()
     gen.prefill([100 + i % 1000 for i in range(max(depth, 8))])
     gen.configure(SamplingConfig(temperature=0.0))
-    tok = gen.sample()
+    token = gen.sample()
     t = time.process_time()
     for _ in range(tokens):
-        gen.feed(tok)
-        tok = gen.sample()
+        gen.feed(token)
+        token = gen.sample()
     return (time.process_time() - t) / tokens * 1e3
 
 

@@ -88,12 +88,12 @@ def decode_at(gen: Generator, context: int, tokens: int, seed: int = 0) -> dict:
     ids = torch.randint(100, min(gen.vocab_size, 30000), (context,), generator=g).tolist()
     gen.prefill(ids)
     gen.configure(SamplingConfig(temperature=0.0))
-    tok = gen.sample()
+    token = gen.sample()
     times = []
     for _ in range(tokens):
         t = time.perf_counter()
-        gen.feed(tok)
-        tok = gen.sample()
+        gen.feed(token)
+        token = gen.sample()
         times.append(time.perf_counter() - t)
     tpot = statistics.median(times)
     return {"context": context, "tokens": tokens, "tpot_ms": tpot * 1000, "tok_s": tokens / sum(times),

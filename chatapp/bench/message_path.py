@@ -5,7 +5,8 @@
 and warm-up, not counted), then traces the second: every project file with a function called
 from the moment it is sent (the input line read; in the TUI, Enter pressed) until its events are
 printed (in the TUI, until the reply and the panel's figures are on screen), the store's commit
-included. It prints the files with their call counts, grouped by folder, then one JSON line.
+included; headless mode's `ready` line and its exit's save are the process's, not the message's.
+It prints the files with their call counts, grouped by folder, then one JSON line.
 docs/architecture.md records both figures."""
 
 from __future__ import annotations
@@ -34,33 +35,46 @@ def _profiler(calls: Counter):
     return profile
 
 
-def traced(run) -> Counter:
-    """Calls per project file while `run()` runs, on every thread it starts."""
-    calls: Counter = Counter()
-    profile = _profiler(calls)
-    threading.setprofile(profile)
-    sys.setprofile(profile)
-    try:
-        run()
-    finally:
+class Tracing:
+    """Counts calls per project file, on every thread, between `start()` and `stop()`."""
+
+    def __init__(self) -> None:
+        self.calls: Counter = Counter()
+        self.profile = _profiler(self.calls)
+
+    def start(self) -> None:
+        threading.setprofile(self.profile)
+        sys.setprofile(self.profile)
+
+    def stop(self) -> None:
         sys.setprofile(None)
         threading.setprofile(None)
-    return calls
 
 
 FIRST, SECOND = "Hello there", "What is the capital of France?"
 
 
 def headless_turn(argv: list[str]) -> tuple[str, Counter]:
+    """One headless run of two lines: the count starts when the second line is read and stops
+    when the loop asks for the next one, its events printed. The `ready` line before the first
+    and the exit's save after the last belong to the process, not to a message."""
     from chatapp.headless import run_headless
     from chatapp.launch import open_chat
     from chatapp.options import chat_parser
 
     keeper = open_chat(chat_parser().parse_args(["--headless", *argv]))
-    events = io.StringIO()   # the turns' JSON lines: not this report
-    run_headless(keeper, io.BytesIO(FIRST.encode() + b"\n"), out=events)
-    calls = traced(lambda: run_headless(keeper, io.BytesIO(SECOND.encode() + b"\n"), out=events))
-    return keeper.session.lm.name, calls
+    tracing = Tracing()
+
+    def lines():
+        yield FIRST.encode() + b"\n"
+        tracing.start()
+        try:
+            yield SECOND.encode() + b"\n"
+        finally:
+            tracing.stop()
+
+    run_headless(keeper, lines(), out=io.StringIO())   # the JSON lines: not this report
+    return keeper.session.lm.name, tracing.calls
 
 
 def tui_turn(argv: list[str]) -> tuple[str, Counter]:
@@ -72,7 +86,7 @@ def tui_turn(argv: list[str]) -> tuple[str, Counter]:
     from chatapp.tui.app import ChatApp
 
     app = ChatApp(chat_parser().parse_args(argv))
-    calls: Counter = Counter()
+    tracing = Tracing()
 
     async def until(pilot, cond, timeout: float = 300.0) -> None:
         end = time.monotonic() + timeout
@@ -92,17 +106,14 @@ def tui_turn(argv: list[str]) -> tuple[str, Counter]:
 
         if not trace:
             return await enter()
-        profile = _profiler(calls)
-        threading.setprofile(profile)
-        sys.setprofile(profile)
+        tracing.start()
         # the turn worker runs in the loop's executor, whose thread the first turn started before
         # the hook was set: a fresh executor starts a thread that carries it
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(1))
         try:
             await enter()
         finally:
-            sys.setprofile(None)
-            threading.setprofile(None)
+            tracing.stop()
 
     async def run() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
@@ -111,7 +122,7 @@ def tui_turn(argv: list[str]) -> tuple[str, Counter]:
             await send(pilot, SECOND, trace=True)
 
     asyncio.run(run())
-    return app.session.lm.name, calls
+    return app.session.lm.name, tracing.calls
 
 
 def main(argv: list[str] | None = None, out=sys.stdout) -> int:

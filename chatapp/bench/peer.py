@@ -84,9 +84,9 @@ def hf_static_decode(model: torch.nn.Module, prompt: list[int], new_tokens: int)
         with torch.inference_mode():
             _generate(hf, ids, new_tokens)  # warm-up: compiles (if transformers does), fills caches
             t_short, _ = _generate(hf, ids, short)
-            t_long, toks = _generate(hf, ids, new_tokens)
+            t_long, replied = _generate(hf, ids, new_tokens)
     except Exception as e:  # a peer that cannot run is reported, not fatal to our own figures
         return {"skipped": f"transformers failed: {type(e).__name__}: {e}"[:300]}
     rate = (new_tokens - short) / (t_long - t_short) if t_long > t_short else float("nan")
     del hf
-    return {"tok_s": rate, "new_tokens": new_tokens, "prompt_tokens": len(prompt), "first_tokens": toks[:16]}
+    return {"tok_s": rate, "new_tokens": new_tokens, "prompt_tokens": len(prompt), "first_tokens": replied[:16]}

@@ -38,14 +38,14 @@ def filler(n_words: int, seed: int) -> str:
 def build_chat(session: Session, chat_tokens: int) -> None:
     """A chat of about `chat_tokens` tokens, as the session would hold it after many turns.
     Built with one prefill instead of many turns: the cache state is the same, it is faster."""
-    t, tok = session.template, session.tok
+    t, tokenizer = session.template, session.tokenizer
     tokens, exchanges, i = t.start(session.system), [], 0
     while len(tokens) < chat_tokens:
         user, reply = f"Part {i}: " + filler(60, i), filler(20, i + 1)
         start = len(tokens)
         tokens += t.user_turn(user)
         reply_start = len(tokens)
-        tokens += tok.encode(reply) + t.end_reply()
+        tokens += tokenizer.encode(reply) + t.end_reply()
         exchanges.append(Exchange(user, start, reply_start, len(tokens), reply))
         i += 1
     session.adopt(tokens, exchanges)

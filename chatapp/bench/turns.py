@@ -70,14 +70,14 @@ def run_turns(lm: LoadedModel, gen: Generator, turns: int, reply_tokens: int, pe
                 cache.reset()
             pending = tokens[cache.seqlen:]
             gen.prefill(pending)
-            tok = gen.sample()
+            token = gen.sample()
             ttfts.append(time.perf_counter() - t0)
         t_first = time.perf_counter()
-        reply = [tok]
+        reply = [token]
         for _ in range(reply_tokens - 1):
-            gen.feed(tok)
-            tok = gen.sample()
-            reply.append(tok)
+            gen.feed(token)
+            token = gen.sample()
+            reply.append(token)
         t_end = time.perf_counter()
         tokens += reply + tmpl.end_reply()  # the last reply token stays pending, as in the session
         decode_s = t_end - t_first

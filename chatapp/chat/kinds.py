@@ -84,9 +84,9 @@ class ReplyText:
     """A reply's tokens into `TextDelta`s of one kind each, and its parts. A kind's text is
     flushed before the next kind starts, so a split UTF-8 sequence never crosses kinds."""
 
-    def __init__(self, template: ChatTemplate, tok: Tokenizer) -> None:
+    def __init__(self, template: ChatTemplate, tokenizer: Tokenizer) -> None:
         self.tracker = KindTracker(template)
-        self.decoder = tok.stream_decoder()
+        self.decoder = tokenizer.stream_decoder()
         self.kind: TextKind = "answer"
         self.parts = PartsBuilder()
 
@@ -107,10 +107,10 @@ class ReplyText:
         return TextDelta(text, self.kind)
 
 
-def stored_parts(template: ChatTemplate, tok: Tokenizer | None, reply: str) -> list[Part]:
+def stored_parts(template: ChatTemplate, tokenizer: Tokenizer | None, reply: str) -> list[Part]:
     """The parts of a reply known only as text: the marker tokens found by their text."""
     tracker = KindTracker(template)
-    by_text = {tok.decode([i]): i for i in tracker.markers} if tok is not None else {}
+    by_text = {tokenizer.decode([i]): i for i in tracker.markers} if tokenizer is not None else {}
     out = PartsBuilder()
     if not by_text:
         out.add("answer", reply)

@@ -60,7 +60,7 @@ def write(s: SessionLike, trim_event: Trimmed | None = None) -> Iterator[Event]:
     meter = Meter(s)
     yield from prefill(s, meter)
     prefill_tokens = s.cache.seqlen - cached_before
-    tools, text = ToolRunner(s.template, s.tok), ReplyText(s.template, s.tok)
+    tools, text = ToolRunner(s.template, s.tokenizer), ReplyText(s.template, s.tokenizer)
     closing = len(s.template.end_reply())
     stop, n, t_first = "length", 0, None
     while n < s.settings.max_new_tokens:
@@ -91,7 +91,7 @@ def write(s: SessionLike, trim_event: Trimmed | None = None) -> Iterator[Event]:
             yield ev
     yield from text.flush()
     t_end = time.perf_counter()
-    ex.reply = s.tok.decode(s.tokens[ex.reply_start:])  # the store's text: markers and all
+    ex.reply = s.tokenizer.decode(s.tokens[ex.reply_start:])  # the store's text: markers and all
     ex.parts, ex.tool_calls, ex.stop = text.parts.parts, tools.calls, stop
     if whole.is_whole(s):  # closed as the template closes it; the cache keeps what still matches
         whole.close(s, ex, s.tokens[ex.reply_start:])

@@ -87,7 +87,7 @@ def replayed(s: SessionLike, conv: Conversation) -> tuple[list[int], list[Exchan
     exchanges: list[Exchange] = []
     for i, (user, reply) in enumerate(conv.pairs):
         ex = known_reply(s, i, user, reply)
-        ids = s.tokens[ex.reply_start:ex.end - len(closing)] if ex else s.tok.encode(reply)
+        ids = s.tokens[ex.reply_start:ex.end - len(closing)] if ex else s.tokenizer.encode(reply)
         if i + 1 < len(conv.pairs):
             ids = t.as_history(ids) or ids
         start = len(tokens)

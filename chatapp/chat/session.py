@@ -34,12 +34,12 @@ from model.loading import LoadedModel
 
 class Session:
     def __init__(self, lm: LoadedModel, settings: Settings | None = None, context: int | None = None):
-        self.lm, self.tok, self.template = lm, lm.tokenizer, lm.template
+        self.lm, self.tokenizer, self.template = lm, lm.tokenizer, lm.template
         self.settings = settings or Settings()
         self.context = context  # as asked for (--context): a model switch asks the new model the same
         self.cache = lm.model.new_cache(min(context or lm.context_length, lm.context_length))
         self.check_system_fits(self.system)
-        self.gen = Generator(lm.model, self.cache, self.tok.vocab_size)
+        self.gen = Generator(lm.model, self.cache, self.tokenizer.vocab_size)
         self.cancel_flag = threading.Event()
         self.turn_stats: list[TurnStats] = []
         self.exchanges: list[Exchange] = []
@@ -257,7 +257,7 @@ class Session:
 
     def reply_parts(self, ex: Exchange) -> list[Part]:
         """A reply by kind: as it streamed, or (a stored chat's) found in its text."""
-        return ex.parts or stored_parts(self.template, self.tok, ex.reply)
+        return ex.parts or stored_parts(self.template, self.tokenizer, ex.reply)
 
     def attach_file(self, arg: str) -> Iterator[Event]:
         """`/file PATH` (chatapp/chat/attach.py): the file goes with the next message."""

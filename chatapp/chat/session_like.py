@@ -24,7 +24,7 @@ class SessionLike(Protocol):
     `tokens[:cache.seqlen]`, docs/cache-invariant.md) and the few methods they call back."""
 
     lm: LoadedModel
-    tok: object              # the tokenizer (model/tokenizers/)
+    tokenizer: object        # model/tokenizers/
     template: object         # the chat format (model/chat_formats/)
     settings: Settings
     cache: KVCache

@@ -14,9 +14,9 @@ from model.tokenizers.tokenizer import Tokenizer
 
 
 class ToolRunner:
-    def __init__(self, template: ChatTemplate, tok: Tokenizer):
+    def __init__(self, template: ChatTemplate, tokenizer: Tokenizer):
         self.ids = template.tool_tokens
-        self.tok = tok
+        self.tokenizer = tokenizer
         self.expr: list[int] | None = None  # tokens since <|python_start|>, while inside a call
         self.calls: list[ToolCall] = []
         self.new_call: ToolCall | None = None
@@ -29,12 +29,12 @@ class ToolRunner:
         if token == self.ids["python_start"]:
             self.expr = []
         elif token == self.ids["python_end"] and self.expr:  # an empty call is ignored, as nanochat does
-            expr = self.tok.decode(self.expr)
+            expr = self.tokenizer.decode(self.expr)
             self.expr = None
             self.new_call = ToolCall(expr, evaluate(expr))
             self.calls.append(self.new_call)
             if self.new_call.result is not None:
-                return [self.ids["output_start"], *self.tok.encode(self.new_call.result), self.ids["output_end"]]
+                return [self.ids["output_start"], *self.tokenizer.encode(self.new_call.result), self.ids["output_end"]]
         elif token == self.ids["python_end"]:
             self.expr = None
         elif self.expr is not None:

@@ -90,7 +90,7 @@ def rendered_conversation(session: Session, record: ChatRecord) -> tuple[list[in
         start = len(tokens)
         tokens += t.user_turn(u.content, "" if exchanges else record.system)  # nanochat's system rides here
         reply_start = len(tokens)
-        tokens += session.tok.encode(a.content) + t.end_reply()
+        tokens += session.tokenizer.encode(a.content) + t.end_reply()
         exchanges.append(Exchange(u.content, start, reply_start, len(tokens), a.content,
                                   [ToolCall(**c) for c in a.tool_calls]))
     return tokens, exchanges
@@ -107,14 +107,14 @@ def fits_template(session: Session, record: ChatRecord, tokens: list[int], excha
 
 def conversation(session: Session, record: ChatRecord) -> tuple[list[int], list[Exchange], str]:
     """The token list and exchanges to adopt, and a note when the stored ids could not be used."""
-    same = record.tokenizer_fingerprint == tokenizer_fingerprint(session.tok) and not record.damage
-    fit = ids_fit(stored_conversation(record)[0], session.tok.vocab_size) if same else True
+    same = record.tokenizer_fingerprint == tokenizer_fingerprint(session.tokenizer) and not record.damage
+    fit = ids_fit(stored_conversation(record)[0], session.tokenizer.vocab_size) if same else True
     same = same and fit  # a stored id of 10**9 must never reach the embedding
     if record.damage:  # validate.py: its ids are not to be trusted; the text is what is left
         more = f" and {len(record.damage) - 1} more" if len(record.damage) > 1 else ""
         note = f"damaged row ({record.damage[0]}{more}); re-tokenized from its text, saved again at the next change"
     elif not fit:
-        note = f"stored token ids are past this tokenizer's {session.tok.vocab_size}; re-tokenized from its text"
+        note = f"stored token ids are past this tokenizer's {session.tokenizer.vocab_size}; re-tokenized from its text"
     else:
         note = ""
     if whole.is_whole(session):   # a template rendered whole: render it again, the stored reply ids kept

@@ -184,7 +184,7 @@ class SavingKeeper(Keeper):
 
     def tokenizer_fp(self) -> str:
         if self._tokenizer_fp is None:
-            self._tokenizer_fp = tokenizer_fingerprint(self.session.tok)
+            self._tokenizer_fp = tokenizer_fingerprint(self.session.tokenizer)
         return self._tokenizer_fp
 
     def report(self, message: str) -> Iterator[Event]:

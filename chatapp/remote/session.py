@@ -68,7 +68,7 @@ class RemoteSession:
     def __init__(self, client: OpenAIClient, model: str, settings: Settings | None = None, context: int = 0):
         self.client, self.model, self.context = client, model, context
         self.lm = Served(f"{model} @ {client.base}")
-        self.template, self.tok = PlainFormat(), None
+        self.template, self.tokenizer = PlainFormat(), None
         self.settings = settings or Settings()
         self.cancel_flag = threading.Event()
         self.exchanges: list[RemoteExchange] = []

@@ -64,6 +64,7 @@ class ChatStore:
             self.db = schema.connect(self.path, timeout, read_only)
             self.db.execute("PRAGMA foreign_keys = ON")
             schema.init(self.db, self.path, read_only)
+            self._stop = schema.stop_column(self.db)
         except (sqlite3.Error, OSError) as e:
             raise StoreError(f"cannot open the chats database {self.path}: {describe(e)}") from None
         if not read_only:
@@ -87,6 +88,13 @@ class ChatStore:
         for d in folders:
             if int(d.name) not in ids:
                 shutil.rmtree(d, ignore_errors=True)
+
+    def stop_column(self) -> str:
+        """messages.stop, read at open: a column once there stays. A v1 store this process could not
+        upgrade (read-only, or locked at open) is asked again, as another process may upgrade it."""
+        if self._stop != "stop":
+            self._stop = schema.stop_column(self.db)
+        return self._stop
 
     @contextmanager
     def _guard(self, action: str) -> Iterator[sqlite3.Connection]:
@@ -129,7 +137,7 @@ class ChatStore:
             db.execute("DELETE FROM messages WHERE chat_id = ?", (record.id,))
             rows = [(record.id, i, m.role, m.content, json.dumps(m.token_ids), json.dumps(m.tool_calls), m.stop)
                     for i, m in enumerate(record.messages)]
-            if schema.stop_column(db) == "stop":
+            if self.stop_column() == "stop":
                 db.executemany("INSERT INTO messages (chat_id, seq, role, content, token_ids, tool_calls, stop)"
                                " VALUES (?,?,?,?,?,?,?)", rows)
             else:  # a v1 store that stayed v1 (locked at open): saved as v1 saves, without the stops
@@ -177,7 +185,7 @@ class ChatStore:
                              (chat_id,)).fetchone()
             if row is None:
                 return None
-            msgs = db.execute(f"SELECT role, content, token_ids, tool_calls, {schema.stop_column(db)} FROM messages"
+            msgs = db.execute(f"SELECT role, content, token_ids, tool_calls, {self.stop_column()} FROM messages"
                               " WHERE chat_id = ? ORDER BY seq", (chat_id,)).fetchall()
         return chat_row(row, msgs, ChatRecord, StoredMessage)  # every cell checked: a corrupt one noted, never raised
 

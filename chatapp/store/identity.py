@@ -128,11 +128,11 @@ class Fingerprint:
         return ModelIdentity(config_hash(self.model), weights_hash(self.model), dtype, backend_family(self.model))
 
 
-def tokenizer_fingerprint(tok: Tokenizer) -> str:
+def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
     """Stored token ids are reusable by another model iff this matches: same pieces, same ids."""
-    if hasattr(tok, "fingerprint"):   # a tokenizer tiktoken does not run (model/tokenizers/spm.py) hashes itself
-        return tok.fingerprint()
-    enc = tok.enc
+    if hasattr(tokenizer, "fingerprint"):   # a tokenizer tiktoken does not run (model/tokenizers/spm.py) hashes itself
+        return tokenizer.fingerprint()
+    enc = tokenizer.enc
     ranks = getattr(enc, "_mergeable_ranks", None)
     h = hashlib.sha256(f"{enc.n_vocab}|{getattr(enc, '_pat_str', '')}|".encode())
     if ranks is None:  # no table to hash: the encoding's name is the best identity we have
@@ -140,5 +140,5 @@ def tokenizer_fingerprint(tok: Tokenizer) -> str:
     else:
         for piece, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
             h.update(rank.to_bytes(4, "little") + len(piece).to_bytes(2, "little") + piece)
-    h.update(json.dumps(sorted(tok.special.items())).encode())
+    h.update(json.dumps(sorted(tokenizer.special.items())).encode())
     return h.hexdigest()

@@ -44,13 +44,11 @@ class InputBorder:
 
     def input_tokens(self) -> str:
         text, s = self.app.input.text, self.app.session  # a --backend session has no tokenizer here
-        if s is None or s.tok is None or not text.strip():
+        if s is None or s.tokenizer is None or not text.strip():
             return ""
         if text.lstrip().startswith("/") and not text.lstrip().startswith("//"):  # a command
             return ""
-        if s.tok is None:  # a --backend chat: the server's tokenizer is not here
-            return ""
-        n = len(s.tok.encode(text))
+        n = len(s.tokenizer.encode(text))
         room = s.message_room
         return f"{n:,} tokens" + (f", more than the {room:,} a message can hold" if n > room else "")
 

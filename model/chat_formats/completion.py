@@ -39,12 +39,12 @@ def gguf_tuning(meta: dict) -> str:
     return "base" if meta.get("general.type", "model") == "model" else ""
 
 
-def text_ids(tok: Tokenizer, text: str) -> list[int]:
+def text_ids(tokenizer: Tokenizer, text: str) -> list[int]:
     """User text going on in a document: special-token strings stay text, and a SentencePiece
     vocabulary with a dummy prefix adds no space inside the document."""
-    if getattr(tok, "prefix_space", False):
-        return tok.hf_unprefixed().encode(text, add_special_tokens=False).ids
-    return tok.encode(text)
+    if getattr(tokenizer, "prefix_space", False):
+        return tokenizer.hf_unprefixed().encode(text, add_special_tokens=False).ids
+    return tokenizer.encode(text)
 
 
 @dataclass
@@ -56,15 +56,15 @@ class CompletionFormat(ChatTemplate):
 
     def __post_init__(self):
         self.default_system = ""   # a base model has none; a /system the user sets opens the document
-        self.stop_ids = {self.tok.eos_id} if self.tok.eos_id is not None else set()
-        self.bos = [self.tok.bos_id] if self.tok.bos_id is not None else []
-        self.newline = text_ids(self.tok, "\n")
+        self.stop_ids = {self.tokenizer.eos_id} if self.tokenizer.eos_id is not None else set()
+        self.bos = [self.tokenizer.bos_id] if self.tokenizer.bos_id is not None else []
+        self.newline = text_ids(self.tokenizer, "\n")
 
     def start(self, system: str) -> list[int]:
-        return self.bos + (text_ids(self.tok, system + "\n\n") if system else [])
+        return self.bos + (text_ids(self.tokenizer, system + "\n\n") if system else [])
 
     def user_turn(self, text: str, system: str = "") -> list[int]:
-        return text_ids(self.tok, text)
+        return text_ids(self.tokenizer, text)
 
     def end_reply(self) -> list[int]:
         return list(self.newline)

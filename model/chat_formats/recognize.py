@@ -58,10 +58,10 @@ def messages(system: str | None, replies: tuple[str, ...]) -> list[dict]:
 class Probe:
     """The template's renderings, memoised: each probe conversation is rendered once."""
 
-    def __init__(self, source: str, tok: Tokenizer):
-        self.source, self.tok, self.seen = source, tok, {}
-        names = {i: s for s, i in tok.special.items()}
-        self.special = {"bos_token": names.get(tok.bos_id), "eos_token": names.get(tok.eos_id)}
+    def __init__(self, source: str, tokenizer: Tokenizer):
+        self.source, self.tokenizer, self.seen = source, tokenizer, {}
+        names = {i: s for s, i in tokenizer.special.items()}
+        self.special = {"bos_token": names.get(tokenizer.bos_id), "eos_token": names.get(tokenizer.eos_id)}
 
     def text(self, system: str | None, replies: tuple[str, ...] = ()) -> str:
         key = (system, replies)
@@ -78,19 +78,19 @@ class Probe:
     def mismatch(self, fmt: ChatTemplate, system_always: bool) -> str | None:
         """Where fmt's tokens first differ from the template's, or None if they never do."""
         for system, replies in probes(system_always):
-            want = encode_rendered(self.tok, self.text(system, replies))
-            turns = [(u, encode_rendered(self.tok, r)) for u, r in zip(USERS, replies, strict=False)]
+            want = encode_rendered(self.tokenizer, self.text(system, replies))
+            turns = [(u, encode_rendered(self.tokenizer, r)) for u, r in zip(USERS, replies, strict=False)]
             got = fmt.conversation(fmt.default_system if system is None else system, turns, USERS[len(replies)])
             if got != want:
                 same = (i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b)
                 at = next(same, min(len(got), len(want)))
-                return (f"the template renders {shown(self.tok, want[at:])} where {type(fmt).__name__} renders "
-                        f"{shown(self.tok, got[at:])}")
+                return (f"the template renders {shown(self.tokenizer, want[at:])} where {type(fmt).__name__} renders "
+                        f"{shown(self.tokenizer, got[at:])}")
         return None
 
 
-def shown(tok: Tokenizer, ids: list[int]) -> str:
-    return repr(tok.decode(ids[:8])) if ids else "nothing more"
+def shown(tokenizer: Tokenizer, ids: list[int]) -> str:
+    return repr(tokenizer.decode(ids[:8])) if ids else "nothing more"
 
 
 def block(text: str, opener: str, closer: str) -> str | None:
@@ -101,10 +101,10 @@ def block(text: str, opener: str, closer: str) -> str | None:
 def chatml_candidates(p: Probe) -> list[ChatTemplate]:
     plain = p.text(None)
     bos = plain[:max(plain.find("<|im_start|>"), 0)]
-    bos_ids = [p.tok.bos_id] if bos and bos == p.special["bos_token"] else []
+    bos_ids = [p.tokenizer.bos_id] if bos and bos == p.special["bos_token"] else []
     default = block(plain[len(bos):], "<|im_start|>system\n", "<|im_end|>")
-    kinds = [Qwen3, ChatML] if "<think>" in p.tok.special and "</think>" in p.source else [ChatML]
-    return [k(p.tok, default_system=default or "", bos=bos_ids, system_always=default is not None) for k in kinds]
+    kinds = [Qwen3, ChatML] if "<think>" in p.tokenizer.special and "</think>" in p.source else [ChatML]
+    return [k(p.tokenizer, default_system=default or "", bos=bos_ids, system_always=default is not None) for k in kinds]
 
 
 def llama3_candidates(p: Probe) -> list[ChatTemplate]:
@@ -114,16 +114,17 @@ def llama3_candidates(p: Probe) -> list[ChatTemplate]:
     preamble = content[:-len(SYSTEM)] if content.endswith(SYSTEM) else ""
     default = block(plain, header, "<|eot_id|>")
     system = default.removeprefix(preamble) if default is not None else ""
-    return [Llama3(p.tok, default_system=system, preamble=preamble, system_always=default is not None,
+    return [Llama3(p.tokenizer, default_system=system, preamble=preamble, system_always=default is not None,
                    strftime=marker)]
 
 
-def recognize(tok: Tokenizer, source: str) -> ChatTemplate:
+def recognize(tokenizer: Tokenizer, source: str) -> ChatTemplate:
     """The format that renders exactly as the template does; ValueError (one line) if none."""
-    p = Probe(source, tok)
+    p = Probe(source, tokenizer)
     llama = "<|start_header_id|>" in source
+    gemma = "<start_of_turn>" in source and "<start_of_turn>" in tokenizer.special
     candidates = (llama3_candidates(p) if llama else chatml_candidates(p) if "<|im_start|>" in source
-                  else [GemmaFormat(tok)] if "<start_of_turn>" in source and "<start_of_turn>" in tok.special else [])
+                  else [GemmaFormat(tokenizer)] if gemma else [])
     if not candidates:
         raise ValueError(f"chat template not supported: no ChatML, Llama 3 or Gemma markers {SUPPORTED}")
     reasons = []
@@ -134,11 +135,11 @@ def recognize(tok: Tokenizer, source: str) -> ChatTemplate:
     raise ValueError(f"chat template not supported: {reasons[0]} {SUPPORTED}")
 
 
-def whole_format(tok: Tokenizer, source: str, default_system: str = "") -> ChatTemplate:
+def whole_format(tokenizer: Tokenizer, source: str, default_system: str = "") -> ChatTemplate:
     """The template rendered whole every turn (whole.py), when none of our formats is it; a
     template that cannot render a plain chat is refused in one line."""
-    fmt = TemplateFormat(tok, default_system=default_system, source=source,
-                         end_names=list(getattr(tok, "end_names", ())))
+    fmt = TemplateFormat(tokenizer, default_system=default_system, source=source,
+                         end_names=list(getattr(tokenizer, "end_names", ())))
     try:
         fmt.render("", [(USERS[0], REPLIES[0], None)], USERS[1])   # no system prompt: some have no system role
         fmt.render("", [(USERS[0], REPLIES[0], None)], None)
@@ -148,27 +149,29 @@ def whole_format(tok: Tokenizer, source: str, default_system: str = "") -> ChatT
     return fmt
 
 
-def recognize_or_whole(tok: Tokenizer, source: str, default_system: str = "") -> ChatTemplate:
+def recognize_or_whole(tokenizer: Tokenizer, source: str, default_system: str = "") -> ChatTemplate:
     """A hand-written format where one renders exactly as the template does (the fast path),
     else the template itself, rendered whole."""
     try:
-        return recognize(tok, source)
+        return recognize(tokenizer, source)
     except ValueError:
-        return whole_format(tok, source, default_system)
+        return whole_format(tokenizer, source, default_system)
 
 
-def gemma_template_for(tok: Tokenizer, chat_template: str | None, default_system: str = "") -> ChatTemplate:
+def gemma_template_for(tokenizer: Tokenizer, chat_template: str | None, default_system: str = "") -> ChatTemplate:
     """Gemma's format: the official one when the model's own template renders as it does, else
     that template rendered whole; with no template, Gemma's as its template renders it."""
-    return recognize_or_whole(tok, chat_template) if chat_template else GemmaFormat(tok, default_system=default_system)
+    if chat_template:
+        return recognize_or_whole(tokenizer, chat_template)
+    return GemmaFormat(tokenizer, default_system=default_system)
 
 
-def template_for(tok: Tokenizer, chat_template: str | None, default_system: str = "") -> ChatTemplate:
+def template_for(tokenizer: Tokenizer, chat_template: str | None, default_system: str = "") -> ChatTemplate:
     """The model's format: recognised from its own template (or that template rendered whole);
     with none, ChatML when its tokenizer has ChatML's tokens (a model directory without a
     template), else the plain fallback format (whole.PLAIN_CHAT)."""
     if chat_template:
-        return recognize_or_whole(tok, chat_template, default_system)
-    if "<|im_start|>" in tok.special:
-        return ChatML(tok, default_system=default_system)
-    return whole_format(tok, PLAIN_CHAT, default_system)
+        return recognize_or_whole(tokenizer, chat_template, default_system)
+    if "<|im_start|>" in tokenizer.special:
+        return ChatML(tokenizer, default_system=default_system)
+    return whole_format(tokenizer, PLAIN_CHAT, default_system)

@@ -18,17 +18,17 @@ from datetime import datetime
 from model.tokenizers.tokenizer import Tokenizer
 
 
-def encode_rendered(tok: Tokenizer, text: str) -> list[int]:
+def encode_rendered(tokenizer: Tokenizer, text: str) -> list[int]:
     """Tokens of text a template rendered, special-token strings included: what a Hugging Face
     tokenizer makes of `apply_chat_template`'s output. Never for user text (Tokenizer.encode)."""
-    return tok.encode_rendered(text)
+    return tokenizer.encode_rendered(text)
 
 
 @dataclass
 class ChatTemplate:
     """Token pieces of a family's chat format. Subclasses fill in the pieces."""
 
-    tok: Tokenizer
+    tokenizer: Tokenizer
     default_system: str = ""
     stop_ids: set[int] = field(default_factory=set)
     # (open, close) tokens of a reply's thinking block; None for formats that do not think.
@@ -63,9 +63,9 @@ class ChatTemplate:
 
     def as_history(self, reply: list[int]) -> list[int] | None:
         """A finished reply's tokens once a user message follows; None when unchanged."""
-        text = self.tok.decode(reply)
+        text = self.tokenizer.decode(reply)
         hist = self.history_text(text)
-        return None if hist == text else encode_rendered(self.tok, hist)
+        return None if hist == text else encode_rendered(self.tokenizer, hist)
 
     def split_thinking(self, reply: str) -> tuple[str, str]:
         """(thinking, answer) of a reply's text: formats that do not think have no thinking."""
@@ -92,19 +92,19 @@ class ChatML(ChatTemplate):
     system_always: bool = False
 
     def __post_init__(self):
-        self.im_start = self.tok.token("<|im_start|>")
-        self.im_end = self.tok.token("<|im_end|>")
-        self.stop_ids = {self.im_end} | ({self.tok.eos_id} if self.tok.eos_id is not None else set())
-        self.nl = self.tok.encode("\n")
+        self.im_start = self.tokenizer.token("<|im_start|>")
+        self.im_end = self.tokenizer.token("<|im_end|>")
+        self.stop_ids = {self.im_end} | ({self.tokenizer.eos_id} if self.tokenizer.eos_id is not None else set())
+        self.nl = self.tokenizer.encode("\n")
 
     def _message(self, role: str, text: str) -> list[int]:
-        return [self.im_start, *self.tok.encode(f"{role}\n{text}"), self.im_end, *self.nl]
+        return [self.im_start, *self.tokenizer.encode(f"{role}\n{text}"), self.im_end, *self.nl]
 
     def start(self, system: str) -> list[int]:
         return list(self.bos) + (self._message("system", system) if system or self.system_always else [])
 
     def user_turn(self, text: str, system: str = "") -> list[int]:
-        return self._message("user", text) + [self.im_start, *self.tok.encode("assistant\n")]
+        return self._message("user", text) + [self.im_start, *self.tokenizer.encode("assistant\n")]
 
     def end_reply(self) -> list[int]:
         return [self.im_end, *self.nl]
@@ -117,7 +117,7 @@ class Qwen3(ChatML):
 
     def __post_init__(self):
         super().__post_init__()
-        self.think_ids = (self.tok.token("<think>"), self.tok.token("</think>"))
+        self.think_ids = (self.tokenizer.token("<think>"), self.tokenizer.token("</think>"))
 
     def history_text(self, reply: str) -> str:
         # The template's own expression: content.split('</think>')[-1].lstrip('\n').
@@ -137,7 +137,7 @@ class NanochatFormat(ChatTemplate):
     """<|bos|><|user_start|>…<|user_end|><|assistant_start|>…<|assistant_end|>."""
 
     def __post_init__(self):
-        t = self.tok.token
+        t = self.tokenizer.token
         self.bos_id, self.user_start, self.user_end = t("<|bos|>"), t("<|user_start|>"), t("<|user_end|>")
         self.assistant_start, self.assistant_end = t("<|assistant_start|>"), t("<|assistant_end|>")
         self.stop_ids = {self.assistant_end, self.bos_id}
@@ -151,7 +151,7 @@ class NanochatFormat(ChatTemplate):
         # nanochat has no system role: its render_conversation prepends a system message to
         # the first user message as "system\n\nuser", encoded as one text.
         text = f"{system}\n\n{text}" if system else text
-        return [self.user_start, *self.tok.encode(text), self.user_end, self.assistant_start]
+        return [self.user_start, *self.tokenizer.encode(text), self.user_end, self.assistant_start]
 
     def end_reply(self) -> list[int]:
         return [self.assistant_end]
@@ -176,17 +176,17 @@ class Llama3(ChatTemplate):
     strftime: Callable[[str], str] = strftime_now
 
     def __post_init__(self):
-        t = self.tok.token
+        t = self.tokenizer.token
         self.bot, self.sh, self.eh, self.eot = (t("<|begin_of_text|>"), t("<|start_header_id|>"),
                                                 t("<|end_header_id|>"), t("<|eot_id|>"))
-        self.stop_ids = {self.eot} | ({self.tok.eos_id} if self.tok.eos_id is not None else set())
+        self.stop_ids = {self.eot} | ({self.tokenizer.eos_id} if self.tokenizer.eos_id is not None else set())
 
     def _header(self, role: str) -> list[int]:
-        return [self.sh, *self.tok.encode(role), self.eh]
+        return [self.sh, *self.tokenizer.encode(role), self.eh]
 
     def _block(self, role: str, text: str) -> list[int]:
         # The blank line after the header and the text are one run of text to its tokenizer.
-        return [*self._header(role), *self.tok.encode("\n\n" + text), self.eot]
+        return [*self._header(role), *self.tokenizer.encode("\n\n" + text), self.eot]
 
     def start(self, system: str, date: str | None = None) -> list[int]:
         if not (system or self.system_always):
@@ -200,12 +200,12 @@ class Llama3(ChatTemplate):
         if len(parts) == 1:
             return tokens == self.start(system)
         pattern = "".join(re.escape(p) if i % 2 == 0 else "(.+?)" for i, p in enumerate(parts))
-        m = re.search(pattern, self.tok.decode(tokens))
+        m = re.search(pattern, self.tokenizer.decode(tokens))
         return m is not None and tokens == self.start(system, m.group(1))
 
     def user_turn(self, text: str, system: str = "") -> list[int]:
         # The template trims every message (`| trim`), the system prompt too (start).
-        return [*self._block("user", text.strip()), *self._header("assistant"), *self.tok.encode("\n\n")]
+        return [*self._block("user", text.strip()), *self._header("assistant"), *self.tokenizer.encode("\n\n")]
 
     def end_reply(self) -> list[int]:
         return [self.eot]
@@ -224,18 +224,18 @@ class GemmaFormat(ChatTemplate):
     system_always: bool = False   # no system block of its own, ever (what recognize.py probes)
 
     def __post_init__(self):
-        t = self.tok.token
+        t = self.tokenizer.token
         self.bos_id, self.sot, self.eot = t("<bos>"), t("<start_of_turn>"), t("<end_of_turn>")
-        self.stop_ids = {self.eot} | ({self.tok.eos_id} if self.tok.eos_id is not None else set())
-        self.nl = self.tok.encode("\n")
+        self.stop_ids = {self.eot} | ({self.tokenizer.eos_id} if self.tokenizer.eos_id is not None else set())
+        self.nl = self.tokenizer.encode("\n")
 
     def start(self, system: str) -> list[int]:
         return [self.bos_id]
 
     def user_turn(self, text: str, system: str = "") -> list[int]:
         prefix = f"{system}\n\n" if system else ""
-        return [self.sot, *self.tok.encode(f"user\n{prefix}{text.strip()}"), self.eot, *self.nl,
-                self.sot, *self.tok.encode("model\n")]
+        return [self.sot, *self.tokenizer.encode(f"user\n{prefix}{text.strip()}"), self.eot, *self.nl,
+                self.sot, *self.tokenizer.encode("model\n")]
 
     def end_reply(self) -> list[int]:
         return [self.eot, *self.nl]

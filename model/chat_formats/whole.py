@@ -46,11 +46,11 @@ class TemplateFormat(ChatTemplate):
     whole: bool = field(default=True, init=False)
 
     def __post_init__(self):
-        names = {i: s for s, i in self.tok.special.items()}
-        self.special = {"bos_token": names.get(self.tok.bos_id), "eos_token": names.get(self.tok.eos_id)}
-        self.stop_ids = {self.tok.special[n] for n in self.end_names if n in self.tok.special}
-        if self.tok.eos_id is not None:
-            self.stop_ids.add(self.tok.eos_id)
+        names = {i: s for s, i in self.tokenizer.special.items()}
+        self.special = {"bos_token": names.get(self.tokenizer.bos_id), "eos_token": names.get(self.tokenizer.eos_id)}
+        self.stop_ids = {self.tokenizer.special[n] for n in self.end_names if n in self.tokenizer.special}
+        if self.tokenizer.eos_id is not None:
+            self.stop_ids.add(self.tokenizer.eos_id)
         self.end_ids = self._end_marker()
         self.stop_ids |= set(self.end_ids[:1])
 
@@ -74,8 +74,8 @@ class TemplateFormat(ChatTemplate):
         except UserError:
             return []
         after = text.split(HOLE.format(0), 1)[-1]
-        ids = self.tok.encode_rendered(after, continuing=True) if HOLE.format(0) in text else []
-        specials = set(self.tok.special.values())
+        ids = self.tokenizer.encode_rendered(after, continuing=True) if HOLE.format(0) in text else []
+        specials = set(self.tokenizer.special.values())
         return [i for i in ids[:1] if i in specials]
 
     def render(self, system: str, pairs: list[Pair], user: str | None) -> Rendered:
@@ -97,7 +97,7 @@ class TemplateFormat(ChatTemplate):
                 replies[i] = (len(tokens), len(tokens) + len(pairs[i][2]))
                 tokens += pairs[i][2]
             elif part:
-                tokens += self.tok.encode_rendered(part, continuing=k > 0)
+                tokens += self.tokenizer.encode_rendered(part, continuing=k > 0)
         return Rendered(tokens, replies)
 
     def _with_holes(self, system, plain, user, holes: list[int], real: str) -> str | None:
@@ -117,7 +117,7 @@ class TemplateFormat(ChatTemplate):
         """The opening before the first user message, as far as the template renders it alone."""
         first = self.render(system, [], "\ue002").tokens
         try:
-            alone = self.tok.encode_rendered(self._text(system, [], None))
+            alone = self.tokenizer.encode_rendered(self._text(system, [], None))
         except UserError:
             return []
         n = next((i for i, (a, b) in enumerate(zip(alone, first, strict=False)) if a != b), min(len(alone),

@@ -79,14 +79,14 @@ class CpuStep:
         self.keep.append(t.contiguous())
         return self.keep[-1].data_ptr()
 
-    def __call__(self, tok: int) -> torch.Tensor:
-        """Logits of `tok` fed at cache.seqlen; the cache advances by one."""
+    def __call__(self, token: int) -> torch.Tensor:
+        """Logits of `token` fed at cache.seqlen; the cache advances by one."""
         c = self.cache
         c.check_fits(1)
-        rc = self.lib.qd_step(self.ctx, int(tok), c.seqlen, c.k_cache.data_ptr(), c.v_cache.data_ptr(),
+        rc = self.lib.qd_step(self.ctx, int(token), c.seqlen, c.k_cache.data_ptr(), c.v_cache.data_ptr(),
                               self.logits.data_ptr())
         if rc != 0:
-            raise ValueError(f"token id {tok} is outside the vocabulary")
+            raise ValueError(f"token id {token} is outside the vocabulary")
         c.advance(1)
         return self.logits
 

@@ -20,25 +20,10 @@ import triton
 import triton.language as tl
 
 from kvcache import KVCache
-from model.decode import gemv
 from model.decode.decode_attention import DecodeAttention
-from model.decode.gemv import ACT_GEGLU, load_rows, load_vec, norm_gemv, pdl_supported
+from model.decode.gemv import ACT_GEGLU, gemv, norm_gemv, pdl_supported
 from model.decode.llama_fused import pack_rows
 from model.decode.qkv_rope import head_norm_rope
-
-
-@triton.jit
-def _gemv_kernel(w_ptr, a_ptr, out_ptr, N, K: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr,
-                 PDL: tl.constexpr):
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = rows < N
-    w = load_rows(w_ptr, rows, rm, K, KP)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-    y = tl.sum(w.to(tl.float32) * load_vec(a_ptr, K, KP)[None, :], 1)
-    tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=rm)
 
 
 @triton.jit
@@ -56,13 +41,6 @@ def _post_norm_add_kernel(t_ptr, w_ptr, x_ptr, eps, K: tl.constexpr, KP: tl.cons
     x = tl.load(x_ptr + cols, mask=m, other=0.0)
     y = (t * rstd * (1.0 + w)).to(x.dtype).to(tl.float32)
     tl.store(x_ptr + cols, (x.to(tl.float32) + y).to(x.dtype), mask=m)
-
-
-def gemv_into(w: torch.Tensor, a: torch.Tensor, out: torch.Tensor, pdl: bool) -> None:
-    n, k = w.shape
-    bn = gemv.rows_per_program(n, k)
-    _gemv_kernel[(triton.cdiv(n, bn),)](w, a, out, n, K=k, KP=triton.next_power_of_2(k), BLOCK_N=bn, PDL=pdl,
-                                        num_warps=gemv.WARPS, launch_pdl=pdl)
 
 
 def post_norm_add(t: torch.Tensor, w: torch.Tensor, x: torch.Tensor, eps: float, pdl: bool) -> None:
@@ -91,7 +69,7 @@ def one_plus(w: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
 
 
 class GemmaFusedStep:
-    """Same contract as TorchStep (torch_step.py): feed `tok` at cache_seqlens, write `logits`."""
+    """Same contract as TorchStep (torch_step.py): feed `token` at cache_seqlens, write `logits`."""
 
     def __init__(self, model: torch.nn.Module, cache: KVCache, attn: str = "triton", splits: int = 0,
                  num_splits: int = 1, pdl: bool = True, win_splits: int = 0, head_add: bool = False,
@@ -115,7 +93,7 @@ class GemmaFusedStep:
         if cache.capacity > self.rope[True][0].shape[0]:
             raise ValueError(f"cache capacity {cache.capacity} > rotary table {self.rope[True][0].shape[0]}")
         self.emb_scale = float(torch.tensor(c.hidden_size ** 0.5, dtype=dt))
-        self.tok = torch.zeros(1, dtype=torch.long, device=dev)
+        self.token = torch.zeros(1, dtype=torch.long, device=dev)
         self.x = torch.zeros(c.hidden_size, dtype=dt, device=dev)
         self.x2 = torch.zeros_like(self.x)    # the residual alternates between x and x2
         self.t = torch.zeros(c.hidden_size, dtype=dt, device=dev)
@@ -168,7 +146,7 @@ class GemmaFusedStep:
             torch.add(pos, 1, out=self.seqlens_full)
             torch.add(self.win_pos, 1, out=self.seqlens_win)
         x, x_next = self.x, self.x2
-        torch.index_select(m.model.embed_tokens.weight, 0, self.tok, out=x.view(1, -1))
+        torch.index_select(m.model.embed_tokens.weight, 0, self.token, out=x.view(1, -1))
         x.mul_(self.emb_scale)
         post = None   # the post-norm weight still to apply to self.t before x is the residual
         for i, L in enumerate(self.layers):
@@ -181,11 +159,11 @@ class GemmaFusedStep:
             head_norm_rope(self.qkv, L.q_norm, L.k_norm, cos, sin, pos, self.q, kc, vc,
                            self.n_head, self.n_kv, self.eps, pdl=self.pdl)
             out = self._attend(i, L.sliding, pos)
-            gemv_into(L.wo, out, self.t, self.pdl)
+            gemv(L.wo, out, self.t, self.pdl)
             norm_gemv(x, L.ln_pre_ffw, L.wgu, self.h, self.eps, ACT_GEGLU, self.pdl,
                       add=(self.t, L.ln_post_attn, x_next))
             x, x_next = x_next, x
-            gemv_into(L.wdown, self.h, self.t, self.pdl)
+            gemv(L.wdown, self.h, self.t, self.pdl)
             post = L.ln_post_ffw
         bn, warps = self.head_block
         if self.head_add:

@@ -8,7 +8,7 @@ fold the elementwise work in:
   or ReLU^2. The norm costs no extra pass: the sum of squares is gathered from the same x
   the product uses, and the scalar 1/rms is applied to the dot products at the end
   (one rounding fewer than the eager module, which rounds the normed vector to bf16 first).
-- `gemv_residual`: x += W @ a, in place.
+- `gemv`: out = W @ a, or (`add`) x += W @ a in place.
 
 Each program owns whole rows and loads all of their weights at once, before anything the
 previous kernel wrote (docs/gpu.md, "Weights before the wait"). With programmatic dependent
@@ -82,8 +82,8 @@ def _norm_gemv_kernel(x_ptr, nw_ptr, w_ptr, out_ptr, t_ptr, pw_ptr, xo_ptr, N, e
 
 
 @triton.jit
-def _gemv_residual_kernel(w_ptr, a_ptr, res_ptr, N, K: tl.constexpr, KP: tl.constexpr,
-                          BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+def _gemv_kernel(w_ptr, a_ptr, out_ptr, N, K: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr,
+                 ADD: tl.constexpr, PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -91,10 +91,11 @@ def _gemv_residual_kernel(w_ptr, a_ptr, res_ptr, N, K: tl.constexpr, KP: tl.cons
     w = load_rows(w_ptr, rows, rm, K, KP)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    dt = w_ptr.dtype.element_ty
-    y = tl.sum(w.to(tl.float32) * load_vec(a_ptr, K, KP)[None, :], 1).to(dt).to(tl.float32)
-    r = tl.load(res_ptr + rows, mask=rm, other=0.0)
-    tl.store(res_ptr + rows, (r.to(tl.float32) + y).to(r.dtype), mask=rm)
+    y = tl.sum(w.to(tl.float32) * load_vec(a_ptr, K, KP)[None, :], 1)
+    if ADD:  # out += W @ a: the product rounded to the weights' dtype first, as `x + linear(a)` is
+        r = tl.load(out_ptr + rows, mask=rm, other=0.0)
+        y = r.to(tl.float32) + y.to(w_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=rm)
 
 
 def pdl_supported(device: torch.device | str) -> bool:
@@ -147,10 +148,10 @@ def norm_gemv(x: torch.Tensor, norm_w: torch.Tensor | None, w: torch.Tensor, out
     return out
 
 
-def gemv_residual(w: torch.Tensor, a: torch.Tensor, x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-    """x += W @ a in place, rounded like `x + linear(a)`."""
+def gemv(w: torch.Tensor, a: torch.Tensor, out: torch.Tensor, pdl: bool = False, add: bool = False) -> torch.Tensor:
+    """out = W @ a, or with `add` out += W @ a in place, rounded like `x + linear(a)`."""
     n, k = w.shape
     bn = rows_per_program(n, k)
-    _gemv_residual_kernel[(triton.cdiv(n, bn),)](w, a, x, n, K=k, KP=triton.next_power_of_2(k), BLOCK_N=bn,
-                                                 PDL=pdl, num_warps=WARPS, launch_pdl=pdl)
-    return x
+    _gemv_kernel[(triton.cdiv(n, bn),)](w, a, out, n, K=k, KP=triton.next_power_of_2(k), BLOCK_N=bn, ADD=add,
+                                        PDL=pdl, num_warps=WARPS, launch_pdl=pdl)
+    return out

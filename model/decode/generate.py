@@ -2,7 +2,7 @@
 
 The session drives it token by token: `prefill(ids)` pushes tokens into the cache in
 bounded chunks (on CUDA through captured graphs at bucketed lengths: model/decode/prefill_graphs.py),
-`sample()` picks the next token from the last logits, `feed(tok)` runs one
+`sample()` picks the next token from the last logits, `feed(token)` runs one
 decode step (on the CPU, quantized models decode through one C call a token:
 model/cpu/). A token that is sampled but not yet fed is "pending": it is in the
 conversation but not in the cache, which is exactly what the cache invariant allows.
@@ -118,20 +118,20 @@ class Generator:
             attn.used.update(pg.names)
 
     @torch.inference_mode()
-    def feed(self, tok: int) -> None:
-        self.reply.append(tok)
+    def feed(self, token: int) -> None:
+        self.reply.append(token)
         if len(self.reply) > 2 * WINDOW_MAX:  # only the last window counts; bound the list
             del self.reply[:-WINDOW_MAX]
         if self.graphs is not None:
-            self.graphs.feed(tok)
+            self.graphs.feed(token)
             if self.sampling.penalized:
-                self.graphs.sampler.remember(tok)
+                self.graphs.sampler.remember(token)
             self.logits = self.graphs.logits
             return
         if self.cpu_step is not None:
-            self.logits = self.cpu_step(tok)[:self.vocab_size]
+            self.logits = self.cpu_step(token)[:self.vocab_size]
             return
-        x = torch.tensor([[tok]], dtype=torch.long, device=self.device)
+        x = torch.tensor([[token]], dtype=torch.long, device=self.device)
         self.logits = self.model(x, self.cache)[0, -1, :self.vocab_size]
 
     @torch.inference_mode()

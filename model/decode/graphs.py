@@ -29,7 +29,7 @@ from model.decode.steps import build_step
 
 
 class GraphDecoder:
-    """Captured decode for one model and cache: `feed(tok)` and `sample(cfg)`."""
+    """Captured decode for one model and cache: `feed(token)` and `sample(cfg)`."""
 
     def __init__(self, model: torch.nn.Module, cache: KVCache, vocab_size: int, cfg: GraphConfig,
                  rng: torch.Generator | None = None):
@@ -39,13 +39,13 @@ class GraphDecoder:
         self.step, self.cache, self.cfg = step, cache, cfg
         self.attn = model.attn if hasattr(model, "attn") else None
         self.logits = step.logits[:vocab_size]
-        self.sampler = DeviceSampler(self.logits, step.tok)
+        self.sampler = DeviceSampler(self.logits, step.token)
         self.pool = torch.cuda.graph_pool_handle()  # the prefill graphs share it (decode/generate.py)
-        self.host_tok = torch.zeros(1, dtype=torch.long).pin_memory()
+        self.host_token = torch.zeros(1, dtype=torch.long).pin_memory()
         self.events = [torch.cuda.Event() for _ in range(4)]  # a ring: at most two are waited on at once
-        self.ahead: tuple[int, int] | None = None   # (pos, tok) of a step launched speculatively
+        self.ahead: tuple[int, int] | None = None   # (pos, token) of a step launched speculatively
         self.picked: tuple[int, torch.cuda.Event] | None = None  # the latest replay's position, done-event
-        self.last_tok: int | None = None            # the newest token in the cache
+        self.last_token: int | None = None          # the newest token in the cache
         self.mode: str | None = None
         self.picks = triton_available()  # else greedy goes through the sampler graph
         self.host_picks = torch.zeros(cache.capacity + 1, dtype=torch.long).pin_memory()
@@ -70,7 +70,7 @@ class GraphDecoder:
         if self.picks:
             # Lazy: greedy.py imports triton, absent where no kernel runs (self.picks is False there).
             from model.decode.greedy import greedy_pick
-            greedy_pick(self.logits, self.cache.cache_seqlens, self.step.tok, self.host_picks, self.pdl)
+            greedy_pick(self.logits, self.cache.cache_seqlens, self.step.token, self.host_picks, self.pdl)
 
     def _replay(self) -> None:
         """One step at cache_seqlens; its greedy token lands in host slot `cache.seqlen`."""
@@ -85,29 +85,29 @@ class GraphDecoder:
         self.ahead = None
         self.picked = None
 
-    def load_logits(self, logits: torch.Tensor, last_tok: int) -> None:
+    def load_logits(self, logits: torch.Tensor, last_token: int) -> None:
         """After an eager prefill: its last logits become the sampler's input."""
         self.logits.copy_(logits)
-        self.last_tok = last_tok
+        self.last_token = last_token
         self.picked = None
 
     # --- per token ----------------------------------------------------------------
-    def feed(self, tok: int) -> None:
+    def feed(self, token: int) -> None:
         c = self.cache
         if self.ahead is not None:
-            if self.ahead == (c.seqlen, tok):  # already computed while the host read the token
+            if self.ahead == (c.seqlen, token):  # already computed while the host read the token
                 self.ahead = None
-                self._advanced(tok)
+                self._advanced(token)
                 return
             self.settle()
         c.check_fits(1)
-        self.step.tok.fill_(tok)
+        self.step.token.fill_(token)
         self._replay()
-        self._advanced(tok)
+        self._advanced(token)
 
-    def _advanced(self, tok: int) -> None:
+    def _advanced(self, token: int) -> None:
         self.cache.advance(1)  # host mirror and device counter, queued after the step
-        self.last_tok = tok
+        self.last_token = token
         if self.attn is not None:
             self.attn.used.add(self.step.attn_name)
 
@@ -124,22 +124,22 @@ class GraphDecoder:
                 self.sampler.set(cfg)
                 self.mode = key
             self.sample_graphs[mode].replay()
-            self.host_tok.copy_(self.step.tok, non_blocking=True)
+            self.host_token.copy_(self.step.token, non_blocking=True)
             self.events.append(done := self.events.pop(0))
             done.record()
-            host = self.host_tok
+            host = self.host_token
         launched = self.cfg.lookahead and self.cache.free >= 1
         if launched:
             self._replay()
         done.synchronize()  # the one host sync per token
-        tok = int(host[0])
+        token = int(host[0])
         if launched:
-            self.ahead = (pos, tok)
-        return tok
+            self.ahead = (pos, token)
+        return token
 
     def _refeed_last(self) -> None:
         self.settle()
-        if self.last_tok is None or self.cache.seqlen < 1:
+        if self.last_token is None or self.cache.seqlen < 1:
             raise RuntimeError("no logits to sample from: prefill first")
         self.cache.rewind(self.cache.seqlen - 1)
-        self.feed(self.last_tok)
+        self.feed(self.last_token)

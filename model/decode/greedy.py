@@ -51,9 +51,9 @@ def _greedy_kernel(logits_ptr, pos_ptr, tok_ptr, host_ptr, pmax_ptr, pidx_ptr, c
         tl.atomic_xchg(count_ptr, 0)   # ready for the next call (and the next replay)
 
 
-def greedy_pick(logits: torch.Tensor, pos: torch.Tensor, tok: torch.Tensor, host: torch.Tensor,
+def greedy_pick(logits: torch.Tensor, pos: torch.Tensor, token: torch.Tensor, host: torch.Tensor,
                 pdl: bool = False) -> None:
-    """tok[0] = host[pos[0]] = argmax(logits). `host` is pinned (or, on the CPU, plain) int64
+    """token[0] = host[pos[0]] = argmax(logits). `host` is pinned (or, on the CPU, plain) int64
     with a slot for every position the cache can hold."""
     v = logits.shape[-1]
     n = triton.cdiv(v, BLOCK)
@@ -63,5 +63,5 @@ def greedy_pick(logits: torch.Tensor, pos: torch.Tensor, tok: torch.Tensor, host
                          torch.zeros(n, dtype=torch.int32, device=logits.device),
                          torch.zeros(1, dtype=torch.int32, device=logits.device))
     pmax, pidx, count = _scratch[key]
-    _greedy_kernel[(n,)](logits, pos, tok, host, pmax, pidx, count, v, BLOCK=BLOCK,
+    _greedy_kernel[(n,)](logits, pos, token, host, pmax, pidx, count, v, BLOCK=BLOCK,
                          NP=triton.next_power_of_2(n), PDL=pdl, num_warps=4, launch_pdl=pdl)

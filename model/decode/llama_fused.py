@@ -15,7 +15,7 @@ import torch
 
 from kvcache import KVCache
 from model.decode.decode_attention import DecodeAttention
-from model.decode.gemv import ACT_SWIGLU, gemv_residual, norm_gemv, pdl_supported
+from model.decode.gemv import ACT_SWIGLU, gemv, norm_gemv, pdl_supported
 from model.decode.qkv_rope import head_norm_rope, norm_qkv_rope
 
 
@@ -49,7 +49,7 @@ class _Layer:
 
 
 class LlamaFusedStep:
-    """Same contract as TorchStep (torch_step.py): feed `tok` at cache_seqlens, write `logits`."""
+    """Same contract as TorchStep (torch_step.py): feed `token` at cache_seqlens, write `logits`."""
 
     def __init__(self, model: torch.nn.Module, cache: KVCache, attn: str = "triton", splits: int = 0,
                  num_splits: int = 1, pdl: bool = True):
@@ -60,7 +60,7 @@ class LlamaFusedStep:
         dev, dt = cache.device, cache.dtype
         self.layers = [self._layer(layer) for layer in model.model.layers]
         self.cos, self.sin = model.rope(dev)
-        self.tok = torch.zeros(1, dtype=torch.long, device=dev)
+        self.token = torch.zeros(1, dtype=torch.long, device=dev)
         self.x = torch.zeros(cfg.hidden_size, dtype=dt, device=dev)
         self.q = torch.zeros(self.n_head * self.hd, dtype=dt, device=dev)
         self.qkv = torch.zeros((self.n_head + 2 * self.n_kv) * self.hd, dtype=dt, device=dev)  # q/k-norm path
@@ -100,14 +100,14 @@ class LlamaFusedStep:
             q = self.q.view(1, 1, self.n_head, self.hd)
             out = self.flash.fn(q, kc[None], vc[None], cache_seqlens=self.seqlens_k, causal=True,
                                 num_splits=self.num_splits).view(-1)
-        gemv_residual(self.layers[i].wo, out, self.x, self.pdl)
+        gemv(self.layers[i].wo, out, self.x, self.pdl, add=True)
 
     def __call__(self) -> torch.Tensor:
         m, c = self.model, self.cache
         pos = c.cache_seqlens
         if self.flash is not None:
             torch.add(pos, 1, out=self.seqlens_k)
-        torch.index_select(m.model.embed_tokens.weight, 0, self.tok, out=self.x.view(1, -1))
+        torch.index_select(m.model.embed_tokens.weight, 0, self.token, out=self.x.view(1, -1))
         for i, L in enumerate(self.layers):
             kc, vc = c.k_cache[i, 0], c.v_cache[i, 0]
             if L.q_norm is None:
@@ -119,6 +119,6 @@ class LlamaFusedStep:
                                self.n_head, self.n_kv, self.eps, pdl=self.pdl)
             self._attention(i, pos)
             norm_gemv(self.x, L.ln2, L.wgu, self.h, self.eps, ACT_SWIGLU, self.pdl)
-            gemv_residual(L.wdown, self.h, self.x, self.pdl)
+            gemv(L.wdown, self.h, self.x, self.pdl, add=True)
         norm_gemv(self.x, m.model.norm.weight, m.lm_head.weight, self.logits, self.eps, pdl=self.pdl)
         return self.logits

@@ -199,10 +199,10 @@ class DeviceSampler:
         self.recent.fill_(self.vocab)
         self.slot, self.ring = 0, window(cfg)
 
-    def remember(self, tok: int) -> None:
+    def remember(self, token: int) -> None:
         """A token of the reply went into the cache: it now counts, replacing the oldest one
         once the window is full (a fill kernel with the id as its argument: no host sync)."""
-        self.recent[self.slot].fill_(tok)
+        self.recent[self.slot].fill_(token)
         self.slot = (self.slot + 1) % self.ring
 
     def _penalized(self) -> torch.Tensor:

@@ -24,7 +24,7 @@ from model.families.registry import family_of
 class DecodeStep(Protocol):
     """One token at `cache_seqlens`, capturable in a CUDA graph (see graphs.py)."""
 
-    tok: torch.Tensor        # (1,) int64: the token to feed
+    token: torch.Tensor        # (1,) int64: the token to feed
     logits: torch.Tensor     # (vocab,) fp32, written by each call
     attn_name: str           # the attention backend it runs
 

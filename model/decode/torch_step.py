@@ -1,7 +1,7 @@
 """The plain-PyTorch decode step of every family: the family's own forward, one token, with
 its position read from the device.
 
-`TorchStep` runs `model(tok, cache, step=attend)`: the forward's modules, op for op, with the
+`TorchStep` runs `model(token, cache, step=attend)`: the forward's modules, op for op, with the
 rotary rows and the cache slot taken from `cache_seqlens` instead of the host mirror and K/V
 written there by `StepAttention`. No shape depends on the position, so a CUDA graph of it holds
 at any position: the plain-graph baseline in the benchmark, and the reference the fused Triton
@@ -57,7 +57,7 @@ class StepAttention:
 
 
 class TorchStep:
-    """`step()` feeds `tok` at position cache_seqlens and writes `logits`. It does not advance
+    """`step()` feeds `token` at position cache_seqlens and writes `logits`. It does not advance
     the cache: the caller does (`cache.advance(1)`) once the token is really fed."""
 
     name = "torch"
@@ -65,12 +65,12 @@ class TorchStep:
     def __init__(self, model: torch.nn.Module, cache: KVCache, num_splits: int = 1):
         self.model, self.cache = model, cache
         dev = cache.device
-        self.tok = torch.zeros(1, dtype=torch.long, device=dev)
+        self.token = torch.zeros(1, dtype=torch.long, device=dev)
         self.logits = torch.zeros(model.config.vocab_size, dtype=torch.float32, device=dev)
         self.attend = StepAttention(model.attn, cache, num_splits)
         self.attn_name = self.attend.name
 
     def __call__(self) -> torch.Tensor:
         self.attend.start(self.cache.cache_seqlens)
-        self.logits.copy_(self.model(self.tok.view(1, 1), self.cache, step=self.attend)[0, 0])
+        self.logits.copy_(self.model(self.token.view(1, 1), self.cache, step=self.attend)[0, 0])
         return self.logits

@@ -24,7 +24,16 @@ import torch.nn as nn
 
 from kvcache import Attention, KVCache
 from model.families.declare import LLAMA_PARTS, GGUFLayout, RandomWeights, check_fields, check_heads
-from model.families.layers import GatedMLP, LlamaShaped, apply_rotary, embedding, gelu_tanh, rope_rows, rotary_tables
+from model.families.layers import (
+    GatedMLP,
+    HeadsAttention,
+    LlamaShaped,
+    RMSNorm,
+    apply_rotary,
+    gelu_tanh,
+    rope_rows,
+    rotary_tables,
+)
 from model.limits import refuse_unsupported
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -130,31 +139,21 @@ UNSUPPORTED = [  # (config.json key, is its value one we cannot run, why)
 ]
 
 
-class GemmaRMSNorm(nn.Module):
+class GemmaRMSNorm(RMSNorm):
     """x / rms(x) * (1 + weight), all in fp32 and rounded to x's dtype once at the end
     (Llama rounds before the weight; Gemma after, which matters in bf16)."""
 
     def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.zeros(dim))
+        super().__init__(dim, eps, init=0.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+        return (self.normed(x) * (1.0 + self.weight.float())).to(x.dtype)
 
 
-class GemmaAttention(nn.Module):
+class GemmaAttention(HeadsAttention):
     def __init__(self, cfg: GemmaConfig, idx: int):
-        super().__init__()
-        self.idx, self.window = idx, cfg.window(idx)
-        self.n_head, self.n_kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        d = cfg.hidden_size
-        self.q_proj = nn.Linear(d, self.n_head * self.hd, bias=False)
-        self.k_proj = nn.Linear(d, self.n_kv * self.hd, bias=False)
-        self.v_proj = nn.Linear(d, self.n_kv * self.hd, bias=False)
-        self.o_proj = nn.Linear(self.n_head * self.hd, d, bias=False)
+        super().__init__(cfg, idx)
+        self.window = cfg.window(idx)
         self.q_norm = GemmaRMSNorm(self.hd, cfg.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(self.hd, cfg.rms_norm_eps)
         # The attention kernels scale by 1/sqrt(head_dim); Gemma wants 1/sqrt(query_pre_attn_scalar).
@@ -163,17 +162,11 @@ class GemmaAttention(nn.Module):
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(B, T, heads, head_dim) q (normed, rotated, rescaled), k (normed, rotated), v: the steps' too."""
-        b, t, _ = x.shape
-        q = apply_rotary(self.q_norm(self.q_proj(x).view(b, t, self.n_head, self.hd)), cos, sin)
-        k = apply_rotary(self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.hd)), cos, sin)
+        q, k, v = self.heads(x)
+        q, k = apply_rotary(self.q_norm(q), cos, sin), apply_rotary(self.k_norm(k), cos, sin)
         if self.q_scale != 1.0:
             q = q * self.q_scale
-        return q, k, self.v_proj(x).view(b, t, self.n_kv, self.hd)
-
-    def forward(self, x, cos, sin, cache: KVCache, attn: Attention) -> torch.Tensor:
-        b, t, _ = x.shape
-        q, k, v = self.qkv(x, cos, sin)
-        return self.o_proj(attn(q, k, v, cache, self.idx, window_size=self.window).reshape(b, t, -1))
+        return q, k, v
 
 
 class GemmaBlock(nn.Module):
@@ -199,17 +192,9 @@ class GemmaBlock(nn.Module):
         return self.after_attention(x, self.self_attn(self.input_layernorm(x), cos, sin, cache, attn))
 
 
-class GemmaBody(nn.Module):
-    def __init__(self, cfg: GemmaConfig):
-        super().__init__()
-        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(GemmaBlock(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-
 class Gemma(LlamaShaped):
     def __init__(self, cfg: GemmaConfig, attn: Attention | None = None):
-        super().__init__(cfg, attn, GemmaBody(cfg))
+        super().__init__(cfg, attn, GemmaBlock, GemmaRMSNorm)
 
     def rope(self, device: torch.device) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
         """fp32 (cos, sin) tables keyed by "is the layer sliding": two rotary bases."""

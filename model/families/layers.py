@@ -29,18 +29,20 @@ from kvcache import Attention, KVCache
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm with a weight and a fixed eps (Llama)."""
+    """RMSNorm with a weight and a fixed eps (Llama): normed in fp32, rounded, then weighted."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, init: float = 1.0):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.full((dim,), init))
+
+    def normed(self, x: torch.Tensor) -> torch.Tensor:
+        """x / rms(x) in fp32, like the reference implementations, so bf16 matches them."""
+        xf = x.float()
+        return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 like the reference implementations, so bf16 matches them.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return self.weight * self.normed(x).to(x.dtype)
 
 
 def embedding(num: int, dim: int) -> nn.Embedding:
@@ -148,20 +150,60 @@ def rope_rows(cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, t: int, step
     return cos.index_select(0, step.seqlens_long), sin.index_select(0, step.seqlens_long)
 
 
+class HeadsAttention(nn.Module):
+    """Llama's and Gemma's attention around their q/k treatment: the q/k/v/o projections over
+    (heads, head_dim), and the forward through the cache. A family's subclass adds its norms and
+    `qkv` (the rotated heads, the decode steps' too); a windowed layer sets `window`."""
+
+    window = (-1, -1)   # FlashAttention's window_size: every key
+
+    def __init__(self, cfg, idx: int, bias: bool = False):
+        super().__init__()
+        self.idx = idx
+        self.n_head, self.n_kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        d = cfg.hidden_size
+        self.q_proj = nn.Linear(d, self.n_head * self.hd, bias=bias)
+        self.k_proj = nn.Linear(d, self.n_kv * self.hd, bias=bias)
+        self.v_proj = nn.Linear(d, self.n_kv * self.hd, bias=bias)
+        self.o_proj = nn.Linear(self.n_head * self.hd, d, bias=False)
+
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k and v as (B, T, heads, head_dim), before any norm or rotary."""
+        b, t, _ = x.shape
+        return (self.q_proj(x).view(b, t, self.n_head, self.hd), self.k_proj(x).view(b, t, self.n_kv, self.hd),
+                self.v_proj(x).view(b, t, self.n_kv, self.hd))
+
+    def forward(self, x, cos, sin, cache: KVCache, attn: Attention) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x, cos, sin)
+        return self.o_proj(attn(q, k, v, cache, self.idx, window_size=self.window).reshape(b, t, -1))
+
+
+class Body(nn.Module):
+    """Hugging Face's `model.` of a Llama-shaped checkpoint: embed_tokens, layers, norm."""
+
+    def __init__(self, cfg, block: Callable[..., nn.Module], norm: Callable[[int, float], nn.Module]):
+        super().__init__()
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(block(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = norm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
 class LlamaShaped(nn.Module):
     """What Llama and Gemma share around their layers: the head (tied to the embeddings or not),
     the KV cache they make, and rotary tables as long as the longest cache made. A subclass hands
-    its config (Hugging Face's field names) and its body (embed_tokens, layers, norm), then builds
-    its own rotary tables from `rope_length`."""
+    its config (Hugging Face's field names), its block and its norm (the `Body`), then builds its own
+    rotary tables from `rope_length`."""
 
-    def __init__(self, cfg, attn: Attention | None, body: nn.Module):
+    def __init__(self, cfg, attn: Attention | None, block: Callable[..., nn.Module],
+                 norm: Callable[[int, float], nn.Module]):
         super().__init__()
         self.config, self.max_seq_len = cfg, cfg.max_position_embeddings
         self.attn = attn or Attention("auto")
-        self.model = body
+        self.model = Body(cfg, block, norm)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
-            self.lm_head.weight = body.embed_tokens.weight
+            self.lm_head.weight = self.model.embed_tokens.weight
         self.cache_dtype: torch.dtype | None = None  # None: the weights' dtype (quantized models: fp16)
         self.longest_cache = 0  # the rotary tables' length follows it (rope_length)
         self.retired: list = []  # tables replaced by longer ones, kept alive for graphs captured on them

@@ -19,10 +19,10 @@ from kvcache import Attention, KVCache
 from model.families.declare import LLAMA_PARTS, GGUFLayout, RandomWeights, check_fields, check_heads
 from model.families.layers import (
     GatedMLP,
+    HeadsAttention,
     LlamaShaped,
     RMSNorm,
     apply_rotary,
-    embedding,
     llama3_freq_factors,
     rope_rows,
     rotary_tables,
@@ -134,17 +134,9 @@ UNSUPPORTED = [  # (config.json key, is its value one we cannot run, why)
 ]
 
 
-class SelfAttention(nn.Module):
+class SelfAttention(HeadsAttention):
     def __init__(self, cfg: LlamaConfig, idx: int):
-        super().__init__()
-        self.idx = idx
-        self.n_head, self.n_kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        d = cfg.hidden_size
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(d, self.n_head * self.hd, bias=bias)
-        self.k_proj = nn.Linear(d, self.n_kv * self.hd, bias=bias)
-        self.v_proj = nn.Linear(d, self.n_kv * self.hd, bias=bias)
-        self.o_proj = nn.Linear(self.n_head * self.hd, d, bias=False)
+        super().__init__(cfg, idx, bias=cfg.attention_bias)
         if cfg.qk_norm:  # absent otherwise, so a Llama state dict has no q_norm keys
             self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
@@ -153,17 +145,10 @@ class SelfAttention(nn.Module):
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(B, T, heads, head_dim) q, k (normed if qk_norm, then rotated) and v: shared with
         the decode step, so the two cannot drift apart."""
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_head, self.hd)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.hd)
+        q, k, v = self.heads(x)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), self.v_proj(x).view(b, t, self.n_kv, self.hd)
-
-    def forward(self, x, cos, sin, cache: KVCache, attn: Attention) -> torch.Tensor:
-        b, t, _ = x.shape
-        q, k, v = self.qkv(x, cos, sin)
-        return self.o_proj(attn(q, k, v, cache, self.idx).reshape(b, t, -1))
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
 
 class LlamaBlock(nn.Module):
@@ -181,17 +166,9 @@ class LlamaBlock(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class LlamaBody(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
-        super().__init__()
-        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaBlock(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-
 class Llama(LlamaShaped):
     def __init__(self, cfg: LlamaConfig, attn: Attention | None = None):
-        super().__init__(cfg, attn, LlamaBody(cfg))
+        super().__init__(cfg, attn, LlamaBlock, RMSNorm)
 
     def rope(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         n = self.rope_length()

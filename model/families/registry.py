@@ -45,8 +45,8 @@ class Family:
     random: RandomWeights = RandomWeights()   # its `random:NAME` presets
 
 
-def nanochat_template(tok: Tokenizer, chat_template: str | None = None, default_system: str = "") -> ChatTemplate:
-    return NanochatFormat(tok, default_system=default_system)  # one format: nothing to pick
+def nanochat_template(tokenizer: Tokenizer, chat_template: str | None = None, default_system: str = "") -> ChatTemplate:
+    return NanochatFormat(tokenizer, default_system=default_system)  # one format: nothing to pick
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (

@@ -175,7 +175,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = Non
     config["nanochat_tui_tuning"] = gguf_tuning(g.meta)   # 'base': completion mode when there is no template
     embd = next(t for s, t, part in plan if t is not None and t.name == "token_embd.weight")
     config["vocab_size"] = int(embd.shape[-1])   # padded vocabularies included
-    tok_json, tok_config = tokenizer_files(g)   # builds the tokenizer once: errors surface now
+    tokenizer_json, tokenizer_config = tokenizer_files(g)   # builds the tokenizer once: errors surface now
     if progress:
         progress("read", 1, 1)
     out_dir = Path(out_dir)
@@ -197,7 +197,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = Non
     report = (lambda i: progress("convert", i, len(plan))) if progress else None
     write_safetensors(out_dir / "model.safetensors", [s for s, _, _ in plan], produce,
                       metadata={"format": "pt", "source": Path(gguf_path).name}, on_tensor=report)
-    for fname, data in (("config.json", config), ("tokenizer.json", tok_json), ("tokenizer_config.json", tok_config)):
+    files = (("config.json", config), ("tokenizer.json", tokenizer_json), ("tokenizer_config.json", tokenizer_config))
+    for fname, data in files:
         text = json.dumps(data, ensure_ascii=False, indent=None if fname == "tokenizer.json" else 2)
         (out_dir / fname).write_text(text + "\n", encoding="utf-8")
     return out_dir

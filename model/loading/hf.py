@@ -106,29 +106,31 @@ def load_hf_dir(path: Path, opts: LoadOptions) -> LoadedModel:
     except ValueError as e:
         raise ModelLoadError(f"{path / 'config.json'}: {e}") from None
     model = build_model(family, cfg, read_safetensors(path), opts, str(path))
-    tok_config = read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").exists() else {}
+    tokenizer_config = read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").exists() else {}
     try:
-        tok = tokenizer_from_json(path / "tokenizer.json", tok_config)
+        tokenizer = tokenizer_from_json(path / "tokenizer.json", tokenizer_config)
     except (TypeError, KeyError, ValueError, AttributeError, IndexError) as e:  # valid JSON, wrong shape
         raise ModelLoadError(f"{path}: malformed tokenizer.json or tokenizer_config.json ({type(e).__name__}: "
                              f"{e})") from None
-    system = tok_config.get("nanochat_tui_default_system", "")
-    template_src = tok_config.get("chat_template")
+    system = tokenizer_config.get("nanochat_tui_default_system", "")
+    template_src = tokenizer_config.get("chat_template")
     if not isinstance(system, str) or not isinstance(template_src, str | None):
         raise ModelLoadError(f"{path / 'tokenizer_config.json'}: chat_template and nanochat_tui_default_system "
                              "must be strings")
-    ends = tok_config.get("nanochat_tui_end_tokens") or []
-    tok.end_names = [n for n in ends if isinstance(n, str)]   # the GGUF's eos/eot/eom (gguf_vocab.py)
+    ends = tokenizer_config.get("nanochat_tui_end_tokens") or []
+    tokenizer.end_names = [n for n in ends if isinstance(n, str)]   # the GGUF's eos/eot/eom (gguf_vocab.py)
     try:
         if not template_src and config.get("nanochat_tui_tuning") == "base":
-            template = CompletionFormat(tok)   # a pretrained model continues a document (docs/chat-formats.md)
+            template = CompletionFormat(tokenizer)   # a pretrained model continues a document (docs/chat-formats.md)
         else:
-            template = family.template(tok, template_src, system)
+            template = family.template(tokenizer, template_src, system)
     except (ValueError, KeyError) as e:
         raise ModelLoadError(f"{path}: {e.args[0]}") from None
-    template.stop_ids |= {tok.special[n] for n in tok.end_names if n in tok.special}   # stop on every end token
+    special = tokenizer.special
+    template.stop_ids |= {special[n] for n in tokenizer.end_names if n in special}   # stop on every end token
     name = config.get("nanochat_tui_name", path.name)
-    return LoadedModel(model, tok, template, name, cfg.max_position_embeddings, notes=dequantized_note(config, name))
+    return LoadedModel(model, tokenizer, template, name, cfg.max_position_embeddings,
+                       notes=dequantized_note(config, name))
 
 
 def dequantized_note(config: dict, name: str) -> list[str]:

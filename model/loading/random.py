@@ -36,9 +36,9 @@ def load_random(name: str, opts: LoadOptions) -> LoadedModel:
         raise ModelLoadError(f"unknown random preset {name!r}; choose one of {', '.join(names)}")
     family, preset = found
     cfg = family.config(**preset)
-    tok = Tokenizer(byte_level_encoding(f"bytes-{name}", CHATML_SPECIALS), eos="<|endoftext|>")
-    if tok.vocab_size > cfg.vocab_size:
-        raise ModelLoadError(f"preset {name}: tokenizer needs {tok.vocab_size} ids, model has {cfg.vocab_size}")
-    template = ChatML(tok, default_system="You are a helpful assistant.")
+    tokenizer = Tokenizer(byte_level_encoding(f"bytes-{name}", CHATML_SPECIALS), eos="<|endoftext|>")
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ModelLoadError(f"preset {name}: tokenizer needs {tokenizer.vocab_size} ids, model has {cfg.vocab_size}")
+    template = ChatML(tokenizer, default_system="You are a helpful assistant.")
     model = random_model(cfg, opts)
-    return LoadedModel(model, tok, template, f"random:{name}", model.max_seq_len)
+    return LoadedModel(model, tokenizer, template, f"random:{name}", model.max_seq_len)

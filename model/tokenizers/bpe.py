@@ -105,11 +105,11 @@ def build_encoding(v: BPEVocab) -> tuple[tiktoken.Encoding, set[int]]:
     ids = {t: i for i, t in enumerate(v.tokens) if t and i not in specials}
     made = check_merge_order(ids, v.merges, v.name)
     ranks: dict[bytes, int] = {}
-    for tok, i in ids.items():
-        if len(tok) > 1 and tok not in made:
+    for piece, i in ids.items():
+        if len(piece) > 1 and piece not in made:
             # tiktoken would reach it by any split; HF BPE never would.
-            raise ModelLoadError(f"{v.name}: token {tok!r} (id {i}) is made by no merge")
-        ranks[token_bytes(tok, v.name)] = i
+            raise ModelLoadError(f"{v.name}: token {piece!r} (id {i}) is made by no merge")
+        ranks[token_bytes(piece, v.name)] = i
     unranked = {b for b in range(256) if bytes([b]) not in ranks}
     top = max([*ranks.values(), *v.special.values()]) + 1
     for k, b in enumerate(sorted(unranked)):
@@ -192,8 +192,8 @@ def vocab_from_tokenizer_json(data: dict, where: str) -> BPEVocab:
     check_ids(vocab.values(), where)  # before a list as long as the largest id is made
     tokens = [""] * (max(vocab.values(), default=-1) + 1)
     check_vocab(tokens, where)
-    for tok, i in vocab.items():
-        tokens[i] = tok
+    for piece, i in vocab.items():
+        tokens[i] = piece
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
     if any(len(m) != 2 for m in merges):
         raise ModelLoadError(f"{where}: malformed merges")

@@ -104,8 +104,8 @@ class SPMTokenizer(Tokenizer):
         text = b"".join(self._bytes[i] for i in ids).decode("utf-8", errors="replace")
         return text[1:] if self.prefix_space and text.startswith(" ") else text
 
-    def token_bytes(self, tok: int) -> bytes:
-        return self._bytes[tok]
+    def token_bytes(self, token: int) -> bytes:
+        return self._bytes[token]
 
     def stream_decoder(self) -> StreamDecoder:
         return PrefixStreamDecoder(self) if self.prefix_space else StreamDecoder(self)
@@ -122,12 +122,12 @@ class PrefixStreamDecoder(StreamDecoder):
     """A reply's text as `decode` gives it, a token at a time: the dummy prefix's space in
     front of its first word is not part of the text."""
 
-    def __init__(self, tok: Tokenizer):
-        super().__init__(tok)
+    def __init__(self, tokenizer: Tokenizer):
+        super().__init__(tokenizer)
         self.started = False
 
-    def push(self, tok: int) -> str:
-        text = super().push(tok)
+    def push(self, token: int) -> str:
+        text = super().push(token)
         if not self.started and text:
             self.started = True
             return text[1:] if text.startswith(" ") else text
@@ -186,10 +186,10 @@ def spm_from_json(path: Path, text: str, data: dict, tokenizer_config: dict) -> 
     def name(v):
         return v.get("content") if isinstance(v, dict) else v
 
-    tok = SPMTokenizer(hf, name(tokenizer_config.get("bos_token")), name(tokenizer_config.get("eos_token")),
+    tokenizer = SPMTokenizer(hf, name(tokenizer_config.get("bos_token")), name(tokenizer_config.get("eos_token")),
                        Path(path).parent.name or "spm", prefix)
-    tok.fast = fast_path(data)
-    return tok
+    tokenizer.fast = fast_path(data)
+    return tokenizer
 
 
 def fast_path(data: dict):

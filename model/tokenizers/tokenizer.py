@@ -45,8 +45,8 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.enc.decode(ids, errors="replace")
 
-    def token_bytes(self, tok: int) -> bytes:
-        return self.enc.decode_single_token_bytes(tok)
+    def token_bytes(self, token: int) -> bytes:
+        return self.enc.decode_single_token_bytes(token)
 
     def stream_decoder(self) -> StreamDecoder:
         return StreamDecoder(self)
@@ -55,15 +55,15 @@ class Tokenizer:
 class StreamDecoder:
     """Turns a stream of token ids into text, holding back split UTF-8 sequences."""
 
-    def __init__(self, tok: Tokenizer):
-        self.tok = tok
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
-    def push(self, tok: int) -> str:
-        return self.utf8.decode(self.tok.token_bytes(tok))
+    def push(self, token: int) -> str:
+        return self.utf8.decode(self.tokenizer.token_bytes(token))
 
-    def push_many(self, toks: list[int]) -> str:
-        return "".join(self.push(t) for t in toks)
+    def push_many(self, ids: list[int]) -> str:
+        return "".join(self.push(t) for t in ids)
 
     def flush(self) -> str:
         return self.utf8.decode(b"", final=True)
