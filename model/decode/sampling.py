@@ -159,7 +159,9 @@ def sample_token(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator
     if kth == vocab - 1 and top_p == TOP_P_OFF and min_p == 0:  # nothing to drop: the same maths without its sort
         probs = (logits.float() / t).softmax(-1)
     else:
-        probs = probabilities_top(logits, t, kth, top_p, min_p) if logits.dim() == 1 else None
+        # the candidates' cut asks the host a few questions: on a GPU each is a sync, on the CPU free
+        host = logits.dim() == 1 and logits.device.type == "cpu"
+        probs = probabilities_top(logits, t, kth, top_p, min_p) if host else None
         if probs is None:
             probs = probabilities(logits, t, _scalar(kth, dev, torch.long), _scalar(top_p, dev), _scalar(min_p, dev))
     # multinomial is `race` plus a check of the probabilities on the host (the caller syncs on
