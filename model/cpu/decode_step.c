@@ -345,10 +345,10 @@ void qd_free(void *p) {
     free(c->as); free(c->aq1); free(c->aq2); free(c->aq4); act8_free(&c->a); free(c->slots); free(c->priv); free(c->scores); free(c);
 }
 
-/* The token `tok` at position `pos`: its K/V land in the cache at pos, its logits in `logits`. */
-int qd_step(void *p, int tok, int pos, uint16_t *kbase, uint16_t *vbase, float *logits) {
+/* Token id `token_id` at position `pos`: its K/V land in the cache at pos, its logits in `logits`. */
+int qd_step(void *p, int token_id, int pos, uint16_t *kbase, uint16_t *vbase, float *logits) {
     Ctx *c = p;
-    if (!c || tok < 0 || tok >= c->m.vocab || pos < 0 || pos >= c->m.cap) return -1;
+    if (!c || token_id < 0 || token_id >= c->m.vocab || pos < 0 || pos >= c->m.cap) return -1;
 #ifdef QD_AVX2
     const unsigned int csr = _mm_getcsr();
 #endif
@@ -356,7 +356,7 @@ int qd_step(void *p, int tok, int pos, uint16_t *kbase, uint16_t *vbase, float *
     const Model *m = &c->m;
     c->pos = pos; c->kbase = kbase; c->vbase = vbase; c->logits = logits;
     c->token++;
-    dequant_row(&m->embed, tok, c->x);
+    dequant_row(&m->embed, token_id, c->x);
     if (m->emb_scale != 1.f) for (int j = 0; j < m->dim; j++) c->x[j] *= m->emb_scale;
     rmsnorm(c->xn, c->x, m->layers[0].attn_norm, m->dim, m->eps);
     quantize_input(c, c->xn, m->dim, PH_QKV, 0);
