@@ -457,9 +457,56 @@ def int16_reference(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return w.astype(np.float64) @ (q * d).reshape(-1).astype(np.float64)
 
 
-def assert_close_logits(a: torch.Tensor, b: torch.Tensor) -> None:
-    """Within int16 activations and an fp16 cache of the reference, and the same pick."""
-    assert (a - b).abs().max().item() <= 5e-3 * b.abs().max().item()
+def int8_round(x: np.ndarray, group: int = 32) -> np.ndarray:
+    """x rounded to int8, one scale per `group` values, as quantize_k8 takes it for the K-quant rows:
+    a step of 1/127 of the group's largest magnitude, q = rint(x * (1 / step)) in fp32."""
+    xb = x.reshape(-1, group).astype(np.float32)
+    d = np.abs(xb).max(axis=1, keepdims=True) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), np.float32(0)).astype(np.float32)
+    return (np.rint(xb * inv) * d).reshape(-1)
+
+
+def int8_error(x: np.ndarray) -> float:
+    """The int8 rounding's relative error |x - round(x)| / |x|: quantize_k8 takes the int8 path when
+    it is at most K8_MAX_ERR."""
+    return float(np.linalg.norm(x - int8_round(x)) / np.linalg.norm(x))
+
+
+K8_MAX_ERR = 0.007   # qdecode.c's
+# The types whose rows may take int8 activations (qformats.h's a8), in every build.
+ACT8_TYPES = ("Q4_K", "Q5_K", "Q6_K")
+
+
+def act_reference(kind: str, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """W x with the activations the kernels give rows of `kind` (a GGUF type name), in float64."""
+    if kind in ACT8_TYPES and int8_error(x) <= K8_MAX_ERR:
+        return w.astype(np.float64) @ int8_round(x).astype(np.float64)
+    return int16_reference(w, x)
+
+
+# The C step's logits against the fp32 reference, as a share of the largest: int16 activations and
+# an fp16 cache stay within 5e-3; a model with K-quant rows (int8 activations where their rounding
+# error is small, ACT8_TYPES) within 2.5e-2.
+LOGITS_REL, LOGITS_REL_ACT8 = 5e-3, 2.5e-2
+
+
+def assert_greedy_within(ref: torch.nn.Module, tokens: list[int], start: int, n: int, rel: float) -> int:
+    """Each of tokens[start:start + n] (a greedy reply of the C step) is the fp32 reference's pick
+    after the tokens before it, or within `rel` of its largest logit: a near-tie of a random-weight
+    model that the K-quant rows' int8 rounding may break the other way. Returns the exact picks."""
+    with torch.no_grad():
+        logits = ref(torch.tensor([tokens[:start + n]]), ref.new_cache(start + n + 1))[0]
+    exact = 0
+    for p in range(start, start + n):
+        row = logits[p - 1]
+        assert row[tokens[p]] >= row.max() - rel * row.abs().max(), f"position {p}: not a near-greedy pick"
+        exact += int(row.argmax()) == tokens[p]
+    return exact
+
+
+def assert_close_logits(a: torch.Tensor, b: torch.Tensor, rel: float = LOGITS_REL) -> None:
+    """Within `rel` of the reference's largest logit, and the same pick."""
+    assert (a - b).abs().max().item() <= rel * b.abs().max().item()
     assert int(a.argmax()) == int(b.argmax())
 
 

@@ -113,7 +113,7 @@ def test_a_gemma_chat_prefills_through_it_and_follows_the_reference(tmp_path, ho
                 runs.append((q.model(ids, cache), cache.k_cache.clone(), cache.v_cache.clone()))
     finally:
         torch.set_num_threads(threads)
-    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
     monkeypatch.setenv("NANOCHAT_QGEMM", "0")
     calls.clear()
     with torch.no_grad():

@@ -194,7 +194,7 @@ def test_a_chat_with_retry_and_undo_matches_the_reference_over_the_gemm_prefill(
         for sess in (s, r):
             list(sess.send(text) if kind == "send" else ChatKeeper(sess, None).run_command(text))
         assert s.tokens == r.tokens and s.cache.seqlen == r.cache.seqlen
-        assert_invariant(s, atol=2e-2, rtol=2e-2)   # fp16, int16 activations
+        assert_invariant(s, atol=5e-2, rtol=2e-2)   # fp16; int8 activations on the K-quant rows
 
 
 def test_an_avx2_cpu_without_vnni_says_in_one_line_that_the_prefill_is_fp32(builds):

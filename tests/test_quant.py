@@ -12,7 +12,17 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from helpers import COLS, ROWS, assert_close_logits, assert_invariant, bits, both, int16_reference, packed_linear
+from helpers import (
+    COLS,
+    LOGITS_REL_ACT8,
+    ROWS,
+    assert_close_logits,
+    assert_invariant,
+    bits,
+    both,
+    int16_reference,
+    packed_linear,
+)
 from safetensors.torch import load_file, save_file
 
 from chatapp.chat.session import Session
@@ -124,7 +134,7 @@ def test_cpu_step_follows_the_reference_through_retry_and_undo(mixed_gguf, home)
         for tok in ids:
             with torch.no_grad():
                 b = ref.model(torch.tensor([[tok]]), rc)[0, -1]
-            assert_close_logits(step(tok), b)
+            assert_close_logits(step(tok), b, LOGITS_REL_ACT8)   # MIXED holds Q4_K, Q5_K and Q6_K rows
         assert qc.seqlen == rc.seqlen == int(qc.cache_seqlens[0])
 
     prefill(turn1)
@@ -169,7 +179,7 @@ def test_quantized_session_chats_with_retry_and_undo(mixed_gguf, home):
     for kind, text in steps:
         for sess in (s, r):
             list(sess.send(text) if kind == "send" else ChatKeeper(sess, None).run_command(text))
-        assert_invariant(s, atol=2e-2, rtol=2e-2)   # fp16, int16 activations
+        assert_invariant(s, atol=5e-2, rtol=2e-2)   # fp16; int8 activations on the K-quant rows (worst 0.04)
         assert s.tokens == r.tokens and s.cache.seqlen == r.cache.seqlen
 
 

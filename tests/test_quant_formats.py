@@ -2,7 +2,8 @@
 model/cpu/qformats.h): Q5_0, Q6_K, Q2_K, Q3_K, IQ4_NL and IQ4_XS. Every kernel, AVX2
 and portable, equals the gguf package's dequantization followed by an exact reference: the
 dequantized rows bit for bit, the GEMV within float rounding of a float64 product with the
-int16 activations the kernels use. Blocks come from three sources: every bit pattern (random
+integer activations the kernels use (int16 per 32; int8 per 32 for Q4_K, Q5_K and Q6_K where
+that rounding is close enough). Blocks come from three sources: every bit pattern (random
 bytes with finite scales), the gguf package's own quantizer where it has one, and rows cut
 from files llama-quantize made (tests/data/llama_quantize_rows.gguf)."""
 
@@ -15,7 +16,17 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, quants
-from helpers import bits, int16_reference, random_blocks
+from helpers import (
+    K8_MAX_ERR,
+    LOGITS_REL_ACT8,
+    act_reference,
+    assert_greedy_within,
+    bits,
+    int8_error,
+    int16_reference,
+    random_blocks,
+    turn_of,
+)
 
 from model.cpu import native
 from model.cpu.file_blocks import FILE_TYPES, as_rows
@@ -89,20 +100,26 @@ def test_dequantized_rows_equal_gguf_bit_for_bit(kind, portable, avx2_only):
 
 
 @pytest.mark.parametrize("kind", FILE_TYPES)
-def test_gemv_equals_the_int16_reference(kind, portable, avx2_only):
+def test_gemv_equals_the_integer_reference(kind, portable, avx2_only):
+    """Int16 activations per 32; int8 per 32 for the K-quant rows (helpers.ACT8_TYPES) where that
+    rounding's error is small, as for Gaussian values, and int16 where an outlier channel makes it
+    large. The same in every build."""
     rng = np.random.default_rng(7)
     for where, raw, cols in sources(kind):
         ql = file_linear(kind, raw, cols)
         w = quants.dequantize(raw, Q[kind]).reshape(raw.shape[0], cols)
-        x = rng.normal(0, 1, cols).astype(np.float32)
-        x[5] = 30.0   # an outlier channel, as real hidden states have
-        want = int16_reference(w, x)
-        for lib in (native.library(), avx2_only, portable):
-            y = torch.empty(raw.shape[0])
-            lib.qd_gemv(ql.qw(), torch.from_numpy(x).data_ptr(), y.data_ptr(), 2)
-            # float32 sums of exact integer block products: within float rounding of float64
-            np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5 * np.abs(want).max(),
-                                       err_msg=f"{where}, simd={lib.qd_simd()}")
+        plain = rng.normal(0, 1, cols).astype(np.float32)
+        outlier = plain.copy()
+        outlier[5] = 30.0   # an outlier channel, as real MLP hidden states have
+        assert int8_error(plain) < K8_MAX_ERR < int8_error(outlier)
+        for x in (plain, outlier):
+            want = act_reference(kind, w, x)
+            for lib in (native.library(), avx2_only, portable):
+                y = torch.empty(raw.shape[0])
+                lib.qd_gemv(ql.qw(), torch.from_numpy(x).data_ptr(), y.data_ptr(), 2)
+                # float32 sums of exact integer block products: within float rounding of float64
+                np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5 * np.abs(want).max(),
+                                           err_msg=f"{where}, simd={lib.qd_simd()}")
 
 
 def test_the_gemv_check_has_teeth(portable):
@@ -161,8 +178,9 @@ def test_types_without_a_kernel_run_dequantized_with_a_note(tmp_path, home):
 def test_a_mixed_file_from_llama_quantize_chats_on_the_quantized_path(home):
     """tests/data/tiny_llama_q3_k_m.gguf: the test suite's tiny Llama (random weights, F32),
     quantized by llama.cpp's llama-quantize to Q3_K_M, its own mix (Q3_K, Q4_K and Q5_K layers,
-    a Q6_K head). Every matrix stays in the file's format, and a greedy chat through the C step
-    (the object the app decodes with) follows the fp32-dequantized reference token for token."""
+    a Q6_K head). Every matrix stays in the file's format, and every token of a greedy chat through
+    the C step (the object the app decodes with) is the fp32-dequantized reference's pick, or within
+    the int8 activations' bound of it (a near-tie of random weights), and nearly all exactly."""
     from chatapp.chat.session import Session
     from chatapp.chat.settings import Settings
     from model.loading import LoadOptions, load_model
@@ -172,9 +190,11 @@ def test_a_mixed_file_from_llama_quantize_chats_on_the_quantized_path(home):
     kinds = {m.kind for m in q.model.modules() if isinstance(m, QLinear)}
     assert kinds == {"q3_k", "q4_k", "q5_k", "q6_k"}
     s = Session(q, Settings(temperature=0.0, max_new_tokens=12), context=128)
-    r = Session(ref, Settings(temperature=0.0, max_new_tokens=12), context=128)
-    assert s.gen.cpu_step is not None and r.gen.cpu_step is None
+    assert s.gen.cpu_step is not None
+    exact = total = 0
     for text in ("hello world", "what is 1234"):
-        for sess in (s, r):
-            list(sess.send(text))
-        assert s.tokens == r.tokens
+        st = turn_of(list(s.send(text)))
+        start = s.exchanges[-1].reply_start
+        exact += assert_greedy_within(ref.model, s.tokens, start, st.decode_tokens, LOGITS_REL_ACT8)
+        total += st.decode_tokens
+    assert total >= 12 and exact >= total - 2

@@ -4,7 +4,16 @@ device samplers (model/decode/sampling.py) draw the same tokens from the same se
 import pytest
 import torch
 
-from model.decode.sampling import MIN_TOP_P, DeviceSampler, SamplingConfig, sample_token
+from model.decode.sampling import (
+    MIN_TOP_P,
+    TOP_CANDIDATES,
+    DeviceSampler,
+    SamplingConfig,
+    probabilities,
+    probabilities_top,
+    sample_token,
+    settings,
+)
 
 
 def draws(logits, cfg, n=400):
@@ -99,3 +108,29 @@ def test_nan_logits_raise_on_the_host():
     """A broken model (NaN logits) must fail the turn, not sample a token: the session relies on it."""
     with pytest.raises(RuntimeError):
         sample_token(torch.full((10,), float("nan")), SamplingConfig(temperature=1.0), torch.Generator())
+
+
+@pytest.mark.parametrize("cfg", CONFIGS[2:] + [SamplingConfig(temperature=0.2, top_p=0.9),
+                                               SamplingConfig(temperature=1.0, min_p=0.05),
+                                               SamplingConfig(temperature=0.7, top_k=40, top_p=0.95)],
+                         ids=lambda c: f"t{c.temperature}-k{c.top_k}-p{c.top_p}-m{c.min_p}")
+def test_the_unsorted_cut_gives_the_sorted_probabilities_bit_for_bit(cfg):
+    """probabilities_top (the host's path: no sort of the vocabulary) builds the very tensor
+    `probabilities` does whenever it answers, and answers None (the caller sorts) when the kept
+    tokens reach past its candidates."""
+    vocab, answered = 5000, 0
+    for seed in range(4):
+        logits = torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * (1 + 2 * seed)
+        temperature, kth, top_p, min_p = settings(cfg, vocab)
+        t = torch.full((1,), temperature)
+        fast = probabilities_top(logits, t, kth, top_p, min_p)
+        want = probabilities(logits, t, torch.tensor([kth]), torch.tensor([top_p]), torch.tensor([min_p]))
+        if fast is not None:
+            answered += 1
+            assert torch.equal(fast, want)
+        else:
+            assert int((want > 0).sum()) > TOP_CANDIDATES or kth >= TOP_CANDIDATES
+    flat = probabilities_top(torch.zeros(vocab), torch.ones(1), vocab - 1, 0.99, 0.0)
+    assert flat is None   # 99% of a flat distribution: thousands of tokens, the sort's job
+    if cfg.top_p <= 0.95 or 0 < cfg.top_k <= TOP_CANDIDATES or cfg.min_p > 0:
+        assert answered > 0

@@ -74,10 +74,25 @@ static int attn_chunk(const Ctx *c, int n) {
     return ch < CHUNK_MIN ? CHUNK_MIN : ch > CHUNK_MAX ? CHUNK_MAX : ch;
 }
 
-static void quantize_input(Ctx *c, float *x, int n) {
+static int act_need(const QW *w) {   /* quantize_act's A_* for one weight */
+    if (w->kind < K_Q8) return 0;   /* dense: the fp32 input itself */
+    if (w->kind < K_FILE_FIRST) return A_16;
+    const FileFmt *f = &FILE_FMT[w->kind - K_FILE_FIRST];
+    return (f->a8 ? A_K8 : A_16) | (f->v8 ? A_SPLIT : 0);
+}
+
+/* The input of phase `kind` (of layer l) quantized as its weights read it. */
+static void quantize_input(Ctx *c, float *x, int n, int kind, int l) {
+    const Layer *L = c->m.layers + l;
+    int need = 0;
+    if (kind == PH_QKV) need = act_need(&L->wq) | act_need(&L->wk) | act_need(&L->wv);
+    else if (kind == PH_WO) need = act_need(&L->wo);
+    else if (kind == PH_GU) need = act_need(&L->wg) | act_need(&L->wu);
+    else if (kind == PH_DOWN) need = act_need(&L->wd);
+    else need = act_need(&c->m.lm_head);
     c->a.x = x;
     c->a.n = n;
-    quantize_act(&c->a);
+    quantize_act(&c->a, need);
 }
 
 /* Opens phase `kind` of layer l after phase s (the caller finished s, or no phase is running). */
@@ -141,21 +156,21 @@ static void after(Ctx *c, const Phase *p, uint64_t s) {
             }
             for (int j = 0; j < d; j++) o[j] /= l2;
         }
-        quantize_input(c, c->att, qd);
+        quantize_input(c, c->att, qd, PH_WO, l);
         open_phase(c, s, PH_WO, l);
     } else if (p->kind == PH_WO) {
         residual(c, L->post_attn_norm);
         rmsnorm(c->xn, c->x, L->ffn_norm, m->dim, m->eps);
-        quantize_input(c, c->xn, m->dim);
+        quantize_input(c, c->xn, m->dim, PH_GU, l);
         open_phase(c, s, PH_GU, l);
     } else if (p->kind == PH_GU) {
-        quantize_input(c, c->h, m->hidden);
+        quantize_input(c, c->h, m->hidden, PH_DOWN, l);
         open_phase(c, s, PH_DOWN, l);
     } else if (p->kind == PH_DOWN) {
         residual(c, L->post_ffn_norm);
         const int last = l + 1 == m->n_layers;
         rmsnorm(c->xn, c->x, last ? m->final_norm : L[1].attn_norm, m->dim, m->eps);
-        quantize_input(c, c->xn, m->dim);
+        quantize_input(c, c->xn, m->dim, last ? PH_HEAD : PH_QKV, last ? 0 : l + 1);
         open_phase(c, s, last ? PH_HEAD : PH_QKV, last ? 0 : l + 1);
     } else if (p->kind == PH_HEAD)
         open_phase(c, s, PH_IDLE, 0);
@@ -251,6 +266,26 @@ static void *worker(void *arg) {
 
 void qd_free(void *p);
 
+static int any_act8(const Model *m) {   /* does any weight of the step read Act.k8? */
+    int any = act8_kind(m->lm_head.kind);
+    for (int l = 0; l < m->n_layers; l++) {
+        const Layer *L = m->layers + l;
+        const QW *w[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
+        for (int j = 0; j < 7; j++) any |= act8_kind(w[j]->kind);
+    }
+    return any;
+}
+
+/* The int8-per-256 activations' buffers for n values (n rounded down to 256s). */
+static int act8_alloc(Act *a, size_t n) {
+    a->k8 = malloc(n + 32);
+    a->kd = malloc(sizeof(float) * (n / 32 + 8));
+    a->ks = malloc(sizeof(float) * (n / 32 + 8));
+    a->kb = malloc(sizeof(int32_t) * 16 * (n / 256 + 1));
+    return a->k8 && a->kd && a->ks && a->kb;
+}
+static void act8_free(Act *a) { free(a->k8); free(a->kd); free(a->ks); free(a->kb); }
+
 void *qd_new(const Model *m) {
     Ctx *c = calloc(1, sizeof(Ctx));
     if (!c) return NULL;
@@ -282,7 +317,8 @@ void *qd_new(const Model *m) {
     c->slots = malloc(sizeof(float) * c->slot * (size_t)(m->cap / CHUNK_MIN + 2));
     c->priv = malloc(sizeof(float) * c->priv_n * nt);
     c->scores = malloc(sizeof(float) * (size_t)m->n_head * CHUNK_MAX * nt);
-    c->a = (Act){c->xn, c->aq, c->ad, c->as, m->dim, c->aq1, c->aq2, c->aq4};
+    c->a = (Act){c->xn, c->aq, c->ad, c->as, m->dim, c->aq1, c->aq2, c->aq4, NULL, NULL, NULL, NULL};
+    if (any_act8(m) && !act8_alloc(&c->a, w)) { qd_free(c); return NULL; }
     if (!c->x || !c->xn || !c->qkv || !c->att || !c->y || !c->h || !c->aq || !c->ad || !c->as || !c->aq1 || !c->aq2 || !c->aq4 || !c->slots || !c->priv ||
         !c->scores || pool_init(&c->pool, max_nb) != 0) { qd_free(c); return NULL; }
     c->ph.kind = PH_IDLE;
@@ -306,13 +342,13 @@ void qd_free(void *p) {
     }
     if (c->pool.st) pool_destroy(&c->pool);
     free(c->x); free(c->xn); free(c->qkv); free(c->att); free(c->y); free(c->h); free(c->aq); free(c->ad);
-    free(c->as); free(c->aq1); free(c->aq2); free(c->aq4); free(c->slots); free(c->priv); free(c->scores); free(c);
+    free(c->as); free(c->aq1); free(c->aq2); free(c->aq4); act8_free(&c->a); free(c->slots); free(c->priv); free(c->scores); free(c);
 }
 
-/* The token `tok` at position `pos`: its K/V land in the cache at pos, its logits in `logits`. */
-int qd_step(void *p, int tok, int pos, uint16_t *kbase, uint16_t *vbase, float *logits) {
+/* Token id `token_id` at position `pos`: its K/V land in the cache at pos, its logits in `logits`. */
+int qd_step(void *p, int token_id, int pos, uint16_t *kbase, uint16_t *vbase, float *logits) {
     Ctx *c = p;
-    if (!c || tok < 0 || tok >= c->m.vocab || pos < 0 || pos >= c->m.cap) return -1;
+    if (!c || token_id < 0 || token_id >= c->m.vocab || pos < 0 || pos >= c->m.cap) return -1;
 #ifdef QD_AVX2
     const unsigned int csr = _mm_getcsr();
 #endif
@@ -320,10 +356,10 @@ int qd_step(void *p, int tok, int pos, uint16_t *kbase, uint16_t *vbase, float *
     const Model *m = &c->m;
     c->pos = pos; c->kbase = kbase; c->vbase = vbase; c->logits = logits;
     c->token++;
-    dequant_row(&m->embed, tok, c->x);
+    dequant_row(&m->embed, token_id, c->x);
     if (m->emb_scale != 1.f) for (int j = 0; j < m->dim; j++) c->x[j] *= m->emb_scale;
     rmsnorm(c->xn, c->x, m->layers[0].attn_norm, m->dim, m->eps);
-    quantize_input(c, c->xn, m->dim);
+    quantize_input(c, c->xn, m->dim, PH_QKV, 0);
     open_phase(c, atomic_load(&c->pool.seq), PH_QKV, 0);
     work(c, 0, c->token);
 #ifdef QD_AVX2

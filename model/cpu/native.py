@@ -115,6 +115,12 @@ def library() -> ctypes.CDLL | None:
     if mode == "0":
         return None
     attempts = [f for f in ATTEMPTS if "-march=native" not in f] if mode == "portable" else ATTEMPTS
+    # the K-quant rows' activations, for A/B and error measurements: 0 int16 (as every other row),
+    # "always" int8 per 32 whatever its error, 256 int8 per 256 (llama.cpp's Q8_K) likewise; the
+    # default is int8 per 32 where its error is small (qdecode.c's K8_MAX_ERR), else int16
+    extra = {"0": ["-DQD_NO_ACT8"], "always": ["-DK8_MAX_ERR=1e9f"],
+             "256": ["-DK8_GROUP=256", "-DK8_MAX_ERR=1e9f"]}.get(os.environ.get("NANOCHAT_ACT8", ""), [])
+    attempts = tuple([*f, *extra] for f in attempts)
     return next((lib for flags in attempts if (lib := build(flags)) is not None), None)
 
 

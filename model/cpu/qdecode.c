@@ -120,6 +120,11 @@ typedef struct {
     const float *x; int16_t *q; float *d, *s; int n;
     /* VNNI builds: q = 256 * q1 + q2 exactly, both int8, and q's sum over each 4 values */
     int8_t *q1, *q2; int32_t *q4;
+    /* The K-quant rows' activations (k8 != NULL, n a multiple of 256): int8 with one scale kd per
+       256 (quantize_k8), the sums of each 16 (kb, in the order qktree.h's tree leaves its lanes)
+       and kd times each 32's sum (ks, for the mins). */
+    int8_t *k8; float *kd, *ks; int32_t *kb;
+    int use8;   /* quantize_k8 found the int8 rounding close enough (K8_MAX_ERR): the K-quant rows take it */
 } Act;
 
 /* u8 x s8 products summed 4 at a time into int32 lanes (AVX-512 VNNI with VL, or AVX-VNNI). The
@@ -150,6 +155,13 @@ static void split_act(Act *a) {
 }
 
 #ifdef QD_AVX2
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
 /* 32 floats into x[0..3], and their largest magnitude: the numerator of an int8 or int16 block's
    scale (quantize_act here, and qgemm.c's quant32 and quant32_16). */
 static inline float load32_amax(const float *p, __m256 x[4]) {
@@ -162,7 +174,97 @@ static inline float load32_amax(const float *p, __m256 x[4]) {
 }
 #endif
 
-static void quantize_act(Act *a) {
+/* int8 for the K-quant rows (Q4_K, Q5_K, Q6_K): one multiply-add per 32 values a row where the
+   int16 activations need two (one per byte plane). One scale per K8_GROUP values (32; 256 is
+   llama.cpp's Q8_K), stored per 32 either way: 1/127 of the group's largest magnitude, against
+   1/32639 for the int16 ones. q = rint(x * (1 / d)). The error this costs is measured in
+   docs/notes.md ("CPU decode, fifth push"). */
+#ifndef K8_GROUP
+#define K8_GROUP 32
+#endif
+#define Q8MAX 127.f
+/* The int8 rounding's relative error (|x - q d| / |x|) above which a vector keeps the int16 path:
+   0.53% is the floor for Gaussian values at one scale per 32; the real models' MLP hidden states
+   (the down projections' input, with outlier channels) measured 0.9-1.3%, and int8 there cost
+   greedy agreement (docs/notes.md). */
+#ifndef K8_MAX_ERR
+#define K8_MAX_ERR 0.007f
+#endif
+static inline int kb_slot(int p) { return (p >> 3) * 8 + (p & 1) * 4 + ((p >> 1) & 3); }   /* p: the 16-group */
+
+static void quantize_k8(Act *a) {
+    float err = 0.f, norm = 0.f;   /* |x - q d|^2 and |x|^2 over the vector */
+    for (int i = 0; i < a->n / 256; i++) {
+        const float *x = a->x + 256 * i;
+        float amax[8];
+        int sum[16];
+#ifdef QD_AVX2
+        __m256 v[8][4];
+        for (int k = 0; k < 8; k++) amax[k] = load32_amax(x + 32 * k, v[k]);
+#else
+        for (int k = 0; k < 8; k++) {
+            amax[k] = 0.f;
+            for (int j = 32 * k; j < 32 * k + 32; j++) amax[k] = fmaxf(amax[k], fabsf(x[j]));
+        }
+#endif
+        for (int k0 = 0; k0 < 8; k0 += K8_GROUP / 32) {   /* a group's scale: its largest magnitude */
+            float m = 0.f;
+            for (int k = k0; k < k0 + K8_GROUP / 32; k++) m = fmaxf(m, amax[k]);
+            for (int k = k0; k < k0 + K8_GROUP / 32; k++) amax[k] = m;
+        }
+        for (int k = 0; k < 8; k++) {
+            const float d = amax[k] / Q8MAX, id = d > 0.f ? 1.f / d : 0.f;
+            int8_t *q8 = a->k8 + 256 * i + 32 * k;
+#ifdef QD_AVX2
+            __m256i q[4];
+            __m256 e8 = _mm256_setzero_ps(), n8 = e8;
+            for (int j = 0; j < 4; j++) {
+                q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k][j], _mm256_set1_ps(id)));
+                const __m256 r = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(q[j]), _mm256_set1_ps(d), v[k][j]);
+                e8 = _mm256_fmadd_ps(r, r, e8);
+                n8 = _mm256_fmadd_ps(v[k][j], v[k][j], n8);
+            }
+            err += hsum(e8);
+            norm += hsum(n8);
+            /* packs works within 128-bit lanes: dwords [q0a q1a q2a q3a q0b q1b q2b q3b] back to order */
+            const __m256i b8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            _mm256_storeu_si256((__m256i *)q8, _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            for (int h = 0; h < 2; h++) {
+                const __m256i t = _mm256_add_epi32(q[2 * h], q[2 * h + 1]);
+                __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+                sum[2 * k + h] = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1)));
+            }
+#else
+            for (int h = 0; h < 2; h++) {
+                sum[2 * k + h] = 0;
+                for (int j = 16 * h; j < 16 * h + 16; j++) {
+                    const float xj = x[32 * k + j];
+                    q8[j] = (int8_t)lrintf(xj * id);
+                    sum[2 * k + h] += q8[j];
+                    err += (xj - q8[j] * d) * (xj - q8[j] * d);
+                    norm += xj * xj;
+                }
+            }
+#endif
+            a->kd[8 * i + k] = d;
+            a->ks[8 * i + k] = d * (float)(sum[2 * k] + sum[2 * k + 1]);
+        }
+        for (int p = 0; p < 16; p++) a->kb[16 * i + kb_slot(p)] = sum[p];
+    }
+    a->use8 = err <= K8_MAX_ERR * K8_MAX_ERR * norm;
+}
+
+/* What a phase's weights read of the quantized input: the int8 activations (A_K8), the int16 ones
+   (A_16) for the other block formats, and the int16's byte planes (A_SPLIT) for the VNNI byte
+   kernels, which also serve a K-quant row when its input stays int16. Work a phase does not need
+   is skipped: the byte split alone was ~2% of a SmolLM2 token, whose rows never read it. */
+enum { A_K8 = 1, A_16 = 2, A_SPLIT = 4, A_ALL = 7 };
+
+static void quantize_act(Act *a, int need) {
+    a->use8 = 0;
+    if ((need & A_K8) && a->k8 && a->n % 256 == 0) quantize_k8(a);
+    if (!(need & A_16) && a->use8) return;
     for (int b = 0; b < a->n / 32; b++) {
         const float *x = a->x + 32 * b;
 #ifdef QD_AVX2
@@ -195,7 +297,7 @@ static void quantize_act(Act *a) {
         a->s[b] = d * (float)sum;
 #endif
     }
-    split_act(a);
+    if (need & A_SPLIT) split_act(a);
 }
 
 /* ---- one row's dot product ---------------------------------------------------------------- */
@@ -210,12 +312,6 @@ static void quantize_act(Act *a) {
 #else
 #define DOT2(a0, x0, a1, x1) _mm256_add_epi32(_mm256_madd_epi16(a0, x0), _mm256_madd_epi16(a1, x1))
 #endif
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 #endif
 
 static float dot_dense(const QW *w, int r, const float *x) {
@@ -573,8 +669,8 @@ static inline __attribute__((always_inline)) void scores4(const float *q, const 
    order, where the 8-dims-at-a-time pass below walked a 32-key tile d/8 times and (for three
    heads) kept a fourth accumulator for nothing. */
 static inline __attribute__((always_inline)) void values_regs(const float *p, int nt, const uint16_t *v, size_t row,
-                                                              size_t far, int nh, int d8, float *pacc) {
-    __m256 acc[3][16];
+                                                              size_t far, int nh, int d8, float *pacc, int hs) {
+    __m256 acc[4][16];
     for (int i = 0; i < nh; i++)
         for (int j = 0; j < d8; j++) acc[i][j] = _mm256_setzero_ps();
     for (int u = 0; u < nt; u++) {
@@ -590,7 +686,7 @@ static inline __attribute__((always_inline)) void values_regs(const float *p, in
     }
     for (int i = 0; i < nh; i++)
         for (int j = 0; j < d8; j++) {
-            float *pa = pacc + (size_t)i * d8 * 8 + 8 * j;
+            float *pa = pacc + (size_t)i * hs + 8 * j;   /* hs: floats from one head's output to the next */
             _mm256_storeu_ps(pa, _mm256_add_ps(_mm256_loadu_ps(pa), acc[i][j]));
         }
 }
@@ -683,11 +779,21 @@ static void attn_part(const Model *m, const float *q, const uint16_t *kc, const 
                 const float *p = scores + (size_t)hb * nt;
                 const uint16_t *v = vc + (size_t)t0 * row + (size_t)kv * d;
                 float *pa = pacc + (size_t)hb * d;
-                if (d == 128) values_regs(p, nt, v, row, far, 1, 16, pa);
-                else if (nh == 3) values_regs(p, nt, v, row, far, 3, 8, pa);
-                else if (nh == 2) values_regs(p, nt, v, row, far, 2, 8, pa);
-                else values_regs(p, nt, v, row, far, 1, 8, pa);
+                if (d == 128) values_regs(p, nt, v, row, far, 1, 16, pa, d);
+                else if (nh == 3) values_regs(p, nt, v, row, far, 3, 8, pa, d);
+                else if (nh == 2) values_regs(p, nt, v, row, far, 2, 8, pa, d);
+                else values_regs(p, nt, v, row, far, 1, 8, pa, d);
             }
+        return;
+    }
+    if (d % 32 == 0 && g % 4 == 0) {   /* Gemma 3's d 256: four heads x 32 dims a pass, V read once per pass */
+        for (int kv = kv0; kv < kv1; kv++)
+            for (int i0 = 0; i0 < g; i0 += 4)
+                for (int o = 0; o < d; o += 32) {
+                    const int hb = kv * g + i0 - h0;
+                    values_regs(scores + (size_t)hb * nt, nt, vc + (size_t)t0 * row + (size_t)kv * d + o, row, far, 4, 4,
+                                pacc + (size_t)hb * d + o, d);
+                }
         return;
     }
 #endif
@@ -757,8 +863,9 @@ void qd_gemv(const QW *w, const float *x, float *y, int n_threads) {
     float *d = malloc(sizeof(float) * (n / 32 + 1)), *s = malloc(sizeof(float) * (n / 32 + 1));
     int8_t *q1 = malloc(n + 32), *q2 = malloc(n + 32);
     int32_t *q4 = malloc(sizeof(int32_t) * (n / 4 + 8));
-    Act a = {x, q, d, s, n, q1, q2, q4};
-    if (w->kind >= K_Q8) quantize_act(&a);
+    Act a = {x, q, d, s, n, q1, q2, q4, NULL, NULL, NULL, NULL};
+    if (act8_kind(w->kind)) act8_alloc(&a, (size_t)n);   /* the K-quant rows' int8 activations */
+    if (w->kind >= K_Q8) quantize_act(&a, A_ALL);
 #ifdef _OPENMP
 #pragma omp parallel num_threads(n_threads)
     {
@@ -769,7 +876,7 @@ void qd_gemv(const QW *w, const float *x, float *y, int n_threads) {
 #else
     gemv(w, &a, y, 0, w->rows);
 #endif
-    free(q); free(d); free(s); free(q1); free(q2); free(q4);
+    free(q); free(d); free(s); free(q1); free(q2); free(q4); act8_free(&a);
 }
 
 int qd_simd(void) {   /* 0: portable C, 1: AVX2 */

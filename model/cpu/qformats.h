@@ -108,14 +108,29 @@ typedef void (*PrepFn)(const uint8_t *, float *, float *);
 typedef void (*C32Fn)(const uint8_t *, int, int8_t *);
 
 /* values and bytes a block; a scale per 16 values (else per 32)? mins: 0 none, 1 per 16, 2 per 32;
-   v8: the VNNI byte kernel (dot2_file_v8) reads it, its values as unsigned bytes less `off` */
-typedef struct { int bv, bb, per16, has_min, v8, off; } FileFmt;
+   v8: the VNNI byte kernel (dot2_file_v8) reads it, its values as unsigned bytes less `off`;
+   a8: its rows take the int8-per-256 activations (Act.k8, quantize_k8), in every build */
+typedef struct { int bv, bb, per16, has_min, v8, off, a8; } FileFmt;
+#ifdef QD_NO_ACT8   /* the int16 activations for every format: the A/B and the error measurement */
+#define A8 0
+#else
+#define A8 1
+#endif
 static const FileFmt FILE_FMT[] = {
-    [K_Q5_0 - K_FILE_FIRST] = {32, 22, 0, 0, 1, 16},   [K_Q6_K - K_FILE_FIRST] = {256, 210, 1, 0, 1, 32},
-    [K_Q2_K - K_FILE_FIRST] = {256, 84, 1, 1, 0, 0},   [K_Q3_K - K_FILE_FIRST] = {256, 110, 1, 0, 0, 0},
-    [K_IQ4_NL - K_FILE_FIRST] = {32, 18, 0, 0, 0, 0},  [K_IQ4_XS - K_FILE_FIRST] = {256, 136, 0, 0, 0, 0},
-    [K_Q4_K - K_FILE_FIRST] = {256, 144, 0, 2, 1, 0},  [K_Q5_K - K_FILE_FIRST] = {256, 176, 0, 2, 1, 0},
+    [K_Q5_0 - K_FILE_FIRST] = {32, 22, 0, 0, 1, 16, 0},   [K_Q6_K - K_FILE_FIRST] = {256, 210, 1, 0, 1, 32, A8},
+    [K_Q2_K - K_FILE_FIRST] = {256, 84, 1, 1, 0, 0, 0},   [K_Q3_K - K_FILE_FIRST] = {256, 110, 1, 0, 0, 0, 0},
+    [K_IQ4_NL - K_FILE_FIRST] = {32, 18, 0, 0, 0, 0, 0},  [K_IQ4_XS - K_FILE_FIRST] = {256, 136, 0, 0, 0, 0, 0},
+    [K_Q4_K - K_FILE_FIRST] = {256, 144, 0, 2, 1, 0, A8}, [K_Q5_K - K_FILE_FIRST] = {256, 176, 0, 2, 1, 0, A8},
 };
+static inline int act8_kind(int kind) { return kind >= K_FILE_FIRST && FILE_FMT[kind - K_FILE_FIRST].a8; }
+/* the format as a kernel runs it: a8 only where the input's int8 rounding was good enough (Act.use8) */
+static inline __attribute__((always_inline)) FileFmt fmt_of(int kind, int use8) {
+    FileFmt f = FILE_FMT[kind - K_FILE_FIRST];
+    f.a8 = f.a8 && use8;
+    return f;
+}
+/* Both instantiations of a kernel, so that f.a8 is a constant in each: u8 is the caller's use8. */
+#define WITH_A8(K, CALL) { if (u8) { const FileFmt F = fmt_of(K, 1); CALL; } else { const FileFmt F = fmt_of(K, 0); CALL; } }
 
 static inline const uint8_t *file_row(const QW *w, int r, const FileFmt *f) {
     return (const uint8_t *)w->q + (size_t)r * (w->cols / f->bv) * f->bb;
@@ -135,11 +150,15 @@ static inline __attribute__((always_inline)) float dot_file_c(const QW *w, int r
         const uint8_t *b = row + (size_t)i * f.bb;
         prep(b, sc, mn);
         for (int k = 0; k < nk; k++) {
-            const int16_t *x = a->q + 32 * (i * nk + k);
+            const int g = i * nk + k;
             c32(b, k, q);
             int s[2] = {0, 0}, xs[2] = {0, 0};
-            for (int j = 0; j < 32; j++) { s[j / 16] += q[j] * x[j]; xs[j / 16] += x[j]; }
-            const float dx = a->d[i * nk + k];
+            for (int j = 0; j < 32; j++) {
+                const int x = f.a8 ? a->k8[32 * g + j] : a->q[32 * g + j];
+                s[j / 16] += q[j] * x;
+                xs[j / 16] += x;
+            }
+            const float dx = f.a8 ? a->kd[g] : a->d[g];
             for (int h = 0; h < 2; h++) {
                 acc += sc[SI(f, k, h)] * dx * (float)s[h];
                 if (f.has_min) acc -= mn[SI(f, k, h)] * dx * (float)xs[h];
@@ -294,6 +313,30 @@ typedef void (*PrepV)(const uint8_t *, __m256 *, __m256 *);
 
 typedef __m256i (*V32Fn)(const uint8_t *, int);
 
+/* A block's start in both two-row kernels (dot2_file_avx2, dot2_file_v8): prefetch its lines, then
+   the weight scales times the activations'. A 32-value block: ms[0]. Per-32 scales: ms[0..7], and
+   the mins' term (min * the 32 activations' sum) into *mv. Per-16 scales are left to the caller:
+   the weight scales (and mins) in s[0..1] (m[0..1]), the activation scales (one per 32, or the
+   block's one) in *dx8. */
+static inline __attribute__((always_inline)) void block_scales(const uint8_t *b, int i, const Act *a, const FileFmt f,
+                                                               PrepFn prep, PrepV pv, float *ms, __m256 *mv,
+                                                               __m256 s[2], __m256 m[2], __m256 *dx8) {
+    const int nk = f.bv / 32;
+    if (f.bb >= 64) for (int o = 0; o < f.bb; o += 64) PF2(b + o);
+    else if ((i * f.bb) % 64 < f.bb) PF2(b);   /* small blocks: once per line */
+    if (nk == 1) {   /* a 32-value block: one scale */
+        float sc[16], mn[16];
+        prep(b, sc, mn);
+        ms[0] = sc[0] * a->d[i];
+        return;
+    }
+    pv(b, s, m);
+    *dx8 = _mm256_loadu_ps((f.a8 ? a->kd : a->d) + i * nk);
+    if (f.per16) return;
+    _mm256_storeu_ps(ms, _mm256_mul_ps(s[0], *dx8));
+    if (f.has_min == 2) *mv = _mm256_fmadd_ps(m[0], _mm256_loadu_ps(f.a8 ? a->ks + 8 * i : a->s + i * nk), *mv);
+}
+
 /* Two rows at once (rows2 in qdecode.c does the same for our own layouts): the activation loads,
    their scales and (Q2_K) their 16-sums are shared. Per block the weight scales times the
    activations' are formed 8 at a time, then broadcast from memory, one per 16 or 32 values. */
@@ -303,28 +346,14 @@ static inline __attribute__((always_inline)) void dot2_file_avx2(const QW *w, in
     const uint8_t *row[2] = {(const uint8_t *)w->q + (size_t)r * rb, (const uint8_t *)w->q + (size_t)(r + 1) * rb};
     const int nk = f.bv / 32;
     const __m256i ones = _mm256_set1_epi16(1);
-    float sc[16], mn[16], ms[2][16], mm[2][16];
+    float ms[2][16], mm[2][16];
     __m256 v[2][2], mv[2];
     for (int t = 0; t < 2; t++) v[t][0] = v[t][1] = mv[t] = _mm256_setzero_ps();
     for (int i = 0; i < w->cols / f.bv; i++) {
-        const float *dx = a->d + i * nk;
         for (int t = 0; t < 2; t++) {
-            const uint8_t *b = row[t] + (size_t)i * f.bb;
-            if (f.bb >= 64) for (int o = 0; o < f.bb; o += 64) PF2(b + o);
-            else if ((i * f.bb) % 64 < f.bb) PF2(b);   /* small blocks: once per line */
-            if (nk == 1) {   /* a 32-value block: one scale */
-                prep(b, sc, mn);
-                ms[t][0] = sc[0] * dx[0];
-                continue;
-            }
-            __m256 s[2], m[2];
-            pv(b, s, m);
-            if (!f.per16) {
-                _mm256_storeu_ps(ms[t], _mm256_mul_ps(s[0], _mm256_loadu_ps(dx)));
-                if (f.has_min == 2)   /* sum over the block of min * (sum of its 32 activations) */
-                    mv[t] = _mm256_fmadd_ps(m[0], _mm256_loadu_ps(a->s + i * nk), mv[t]);
-            } else {   /* one activation scale serves two weight scales */
-                const __m256 d8 = _mm256_loadu_ps(dx);
+            __m256 s[2], m[2], d8;
+            block_scales(row[t] + (size_t)i * f.bb, i, a, f, prep, pv, ms[t], &mv[t], s, m, &d8);
+            if (nk > 1 && f.per16) {   /* one activation scale serves two weight scales */
                 const __m256 lo = _mm256_permutevar8x32_ps(d8, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
                 const __m256 hi = _mm256_permutevar8x32_ps(d8, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
                 _mm256_storeu_ps(ms[t], _mm256_mul_ps(s[0], lo));
@@ -337,8 +366,11 @@ static inline __attribute__((always_inline)) void dot2_file_avx2(const QW *w, in
         }
 #pragma GCC unroll 8
         for (int k = 0; k < nk; k++) {   /* unrolled: the shifts and bit masks become constants */
-            const __m256i *xp = (const __m256i *)(a->q + 32 * (i * nk + k));
-            const __m256i x0 = _mm256_loadu_si256(xp), x1 = _mm256_loadu_si256(xp + 1);
+            const int g = i * nk + k;
+            const __m256i x0 = f.a8 ? _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(a->k8 + 32 * g)))
+                                    : _mm256_loadu_si256((const __m256i *)(a->q + 32 * g));
+            const __m256i x1 = f.a8 ? _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(a->k8 + 32 * g + 16)))
+                                    : _mm256_loadu_si256((const __m256i *)(a->q + 32 * g + 16));
             __m256 xs0 = _mm256_setzero_ps(), xs1 = xs0;
             if (f.has_min == 1) {
                 xs0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(x0, ones));
@@ -378,28 +410,14 @@ static inline __attribute__((always_inline)) void dot2_file_v8(const QW *w, int 
     const size_t rb = (size_t)(w->cols / f.bv) * f.bb;
     const uint8_t *row[2] = {(const uint8_t *)w->q + (size_t)r * rb, (const uint8_t *)w->q + (size_t)(r + 1) * rb};
     const int nk = f.bv / 32, shift = f.off == 32 ? 5 : 4;
-    float sc[16], mn[16];
     __m256 v[2][2], mv[2], S[2][2];
     for (int t = 0; t < 2; t++) v[t][0] = v[t][1] = mv[t] = S[t][0] = S[t][1] = _mm256_setzero_ps();
     float ms[2][8];
     for (int i = 0; i < w->cols / f.bv; i++) {
-        const float *dx = a->d + i * nk;
         for (int t = 0; t < 2; t++) {
-            const uint8_t *b = row[t] + (size_t)i * f.bb;
-            if (f.bb >= 64) for (int o = 0; o < f.bb; o += 64) PF2(b + o);
-            else if ((i * f.bb) % 64 < f.bb) PF2(b);   /* small blocks: once per line */
-            if (nk == 1) {
-                prep(b, sc, mn);
-                ms[t][0] = sc[0] * dx[0];
-                continue;
-            }
-            __m256 s[2], m[2];
-            pv(b, s, m);
-            if (!f.per16) {
-                _mm256_storeu_ps(ms[t], _mm256_mul_ps(s[0], _mm256_loadu_ps(dx)));
-                if (f.has_min == 2) mv[t] = _mm256_fmadd_ps(m[0], _mm256_loadu_ps(a->s + i * nk), mv[t]);
-            } else {   /* one activation scale serves two weight scales */
-                const __m256 d8 = _mm256_loadu_ps(dx);
+            __m256 s[2], m[2], d8;
+            block_scales(row[t] + (size_t)i * f.bb, i, a, f, prep, pv, ms[t], &mv[t], s, m, &d8);
+            if (nk > 1 && f.per16) {   /* one activation scale serves two weight scales */
                 S[t][0] = _mm256_mul_ps(s[0], _mm256_permutevar8x32_ps(d8, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)));
                 S[t][1] = _mm256_mul_ps(s[1], _mm256_permutevar8x32_ps(d8, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)));
             }
@@ -453,16 +471,15 @@ static inline __attribute__((always_inline)) void dequant_file_avx2(const QW *w,
     }
 }
 #define FILE_CASE(K, NAME, OP, ...) \
-    case K: OP##_file_avx2(__VA_ARGS__, FILE_FMT[K - K_FILE_FIRST], prep_##NAME, pv_##NAME, v32_##NAME); break;
+    case K: WITH_A8(K, OP##_file_avx2(__VA_ARGS__, F, prep_##NAME, pv_##NAME, v32_##NAME)) break;
 #ifdef QD_VNNI8
 #define FILE_CASE_V8(K, NAME, OP, ...) \
-    case K: { if (FILE_FMT[K - K_FILE_FIRST].v8) dot2_file_v8(__VA_ARGS__, FILE_FMT[K - K_FILE_FIRST], prep_##NAME, pv_##NAME, \
-                                                              u32_##NAME); \
-              else dot2_file_avx2(__VA_ARGS__, FILE_FMT[K - K_FILE_FIRST], prep_##NAME, pv_##NAME, v32_##NAME); } break;
+    case K: WITH_A8(K, if (F.v8 && !F.a8) dot2_file_v8(__VA_ARGS__, F, prep_##NAME, pv_##NAME, u32_##NAME); \
+                       else dot2_file_avx2(__VA_ARGS__, F, prep_##NAME, pv_##NAME, v32_##NAME)) break;
 #endif
 #endif
 #define FILE_CASE_C(K, NAME, OP, ...) \
-    case K: OP##_file_c(__VA_ARGS__, FILE_FMT[K - K_FILE_FIRST], prep_##NAME, c32_##NAME); break;
+    case K: WITH_A8(K, OP##_file_c(__VA_ARGS__, F, prep_##NAME, c32_##NAME)) break;
 
 #define FILE_CASES(CASE, OP, ...) \
     CASE(K_Q5_0, q5_0, OP, __VA_ARGS__) CASE(K_Q6_K, q6_k, OP, __VA_ARGS__) \
@@ -474,12 +491,14 @@ static inline __attribute__((always_inline)) void dequant_file_avx2(const QW *w,
    The AVX2 build takes rows two at a time (dot2_file); a last odd row and other CPUs use the
    portable dot. */
 static float dot_file(const QW *w, int r, const Act *a) {
+    const int u8 = a->use8;
     float y = 0.f;
     switch (w->kind) { FILE_CASES(FILE_CASE_C, y = dot, w, r, a) }
     return y;
 }
 #ifdef QD_AVX2
 static void dot2_file(const QW *w, int r, const Act *a, float *out) {
+    const int u8 = a->use8;
 #ifdef QD_VNNI8
     switch (w->kind) { FILE_CASES(FILE_CASE_V8, dot2, w, r, a, out) }
 #else
@@ -487,10 +506,12 @@ static void dot2_file(const QW *w, int r, const Act *a, float *out) {
 #endif
 }
 static void dequant_file(const QW *w, int r, float *out) {
+    const int u8 = 0;
     switch (w->kind) { FILE_CASES(FILE_CASE, dequant, w, r, out) }
 }
 #else
 static void dequant_file(const QW *w, int r, float *out) {
+    const int u8 = 0;
     switch (w->kind) { FILE_CASES(FILE_CASE_C, dequant, w, r, out) }
 }
 #endif

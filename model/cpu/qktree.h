@@ -16,6 +16,11 @@
  * values: 16,711,168), so its conversion to fp32 is exact, and a row's result differs from the
  * int16 reference only by the fp32 products and sums of these 16-value sums (two roundings per
  * 16 values, against one per 4 values' lane in dot2_file_v8).
+ *
+ * With the int8 activations (f.a8: Act.use8, quantize_k8) a group is one VNNI multiply-add of the
+ * weights' unsigned bytes with the activations, not two, and the offset's correction (Q6_K's
+ * value + 32) is taken once per 16 after the tree from the activations' 16-sums: the Qwen3-0.6B
+ * shape's Q4_K layers 14-15 -> 17.5 GB/s a thread, its Q6_K head 17.8 -> 22.
  */
 #ifdef QD_VNNI8
 static inline __m256i tree2(__m256i a, __m256i b) {   /* per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] */
@@ -29,6 +34,9 @@ static inline __m256i tree4(__m256i t0, __m256i t1) {   /* per 128-bit lane: the
    on the activations' byte planes, as dot2_file_v8. (A plain-AVX2 version, madd on the widened
    values with a lane-crossing pair to separate the halves, ran slower than dot2_file_avx2: Q4_K
    10.4 against 11.8 GB/s from L2, so those CPUs keep it.) */
+#define KT_GROUP8(u32)                                                                                      \
+    const __m256i x = _mm256_loadu_si256((const __m256i *)(a->k8 + 32 * g));                                \
+    for (int t = 0; t < 2; t++) P[t][k] = DPBUSD(_mm256_setzero_si256(), u32(b[t], k), x);
 #define KT_GROUP(u32)                                                                                       \
     const __m256i x1 = _mm256_loadu_si256((const __m256i *)(a->q1 + 32 * g));                               \
     const __m256i x2 = _mm256_loadu_si256((const __m256i *)(a->q2 + 32 * g));                               \
@@ -55,14 +63,21 @@ static inline __attribute__((always_inline)) void dot2_ktree(const QW *w, int r,
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             const int g = i * 8 + k;
-            KT_GROUP(u32)
+            if (f.a8) { KT_GROUP8(u32) } else { KT_GROUP(u32) }
         }
-        const __m256 d8 = _mm256_loadu_ps(a->d + i * 8);
+        /* int8 activations: the offset's correction per 16, after the tree */
+        const __m256 d8 = _mm256_loadu_ps((f.a8 ? a->kd : a->d) + i * 8);
         const __m256 dlo = _mm256_permutevar8x32_ps(d8, lo4), dhi = _mm256_permutevar8x32_ps(d8, hi4);
+        __m256i C0 = _mm256_setzero_si256(), C1 = C0;
+        if (f.a8 && f.off) {
+            C0 = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(a->kb + 16 * i)), shift);
+            C1 = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(a->kb + 16 * i + 8)), shift);
+        }
         for (int t = 0; t < 2; t++) {
             for (int o = 0; o < f.bb; o += 64) PF2(b[t] + o);
-            const __m256i U0 = tree4(tree2(P[t][0], P[t][1]), tree2(P[t][2], P[t][3]));
-            const __m256i U1 = tree4(tree2(P[t][4], P[t][5]), tree2(P[t][6], P[t][7]));
+            __m256i U0 = tree4(tree2(P[t][0], P[t][1]), tree2(P[t][2], P[t][3]));
+            __m256i U1 = tree4(tree2(P[t][4], P[t][5]), tree2(P[t][6], P[t][7]));
+            if (f.a8 && f.off) { U0 = _mm256_sub_epi32(U0, C0); U1 = _mm256_sub_epi32(U1, C1); }
             __m256 s[2], m[2], SA, SB;
             pv(b[t], s, m);
             if (f.per16) {   /* U0's lanes are scales 0, 2, 4, 6, 1, 3, 5, 7; U1's the same plus 8 */
@@ -72,7 +87,7 @@ static inline __attribute__((always_inline)) void dot2_ktree(const QW *w, int r,
                 const __m256 ms = _mm256_mul_ps(s[0], d8);
                 SA = _mm256_permutevar8x32_ps(ms, lo4);
                 SB = _mm256_permutevar8x32_ps(ms, hi4);
-                if (f.has_min == 2) mv[t] = _mm256_fmadd_ps(m[0], _mm256_loadu_ps(a->s + i * 8), mv[t]);
+                if (f.has_min == 2) mv[t] = _mm256_fmadd_ps(m[0], _mm256_loadu_ps((f.a8 ? a->ks : a->s) + i * 8), mv[t]);
             }
             v[t][0] = _mm256_fmadd_ps(SA, _mm256_cvtepi32_ps(U0), v[t][0]);
             v[t][1] = _mm256_fmadd_ps(SB, _mm256_cvtepi32_ps(U1), v[t][1]);
@@ -81,12 +96,14 @@ static inline __attribute__((always_inline)) void dot2_ktree(const QW *w, int r,
     for (int t = 0; t < 2; t++) out[t] = hsum(_mm256_add_ps(v[t][0], v[t][1])) - (f.has_min == 2 ? hsum(mv[t]) : 0.f);
 }
 #undef KT_GROUP
+#undef KT_GROUP8
 
 /* 1 when dot2_ktree serves this kind (rows two at a time) */
 static inline int ktree_kind(int kind) { return kind == K_Q4_K || kind == K_Q5_K || kind == K_Q6_K; }
 
 static void dot2_kt(const QW *w, int r, const Act *a, float *out) {
-#define KT_CASE(K, NAME) case K: dot2_ktree(w, r, a, out, FILE_FMT[K - K_FILE_FIRST], pv_##NAME, u32_##NAME); break;
+    const int u8 = a->use8;
+#define KT_CASE(K, NAME) case K: WITH_A8(K, dot2_ktree(w, r, a, out, F, pv_##NAME, u32_##NAME)) break;
     switch (w->kind) { KT_CASE(K_Q4_K, q4_k) KT_CASE(K_Q5_K, q5_k) KT_CASE(K_Q6_K, q6_k) }
 #undef KT_CASE
 }
