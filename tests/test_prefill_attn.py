@@ -119,3 +119,8 @@ def test_a_gemma_chat_prefills_through_it_and_follows_the_reference(tmp_path, ho
     with torch.no_grad():
         q.model(torch.tensor([t.user_turn("ok")]), qc, last=True)
     assert not calls
+    monkeypatch.setenv("NANOCHAT_QGEMM", "1")
+    q.model.attn.requested = "sdpa"   # --attn sdpa: the backend asked for by name
+    with torch.no_grad():
+        q.model(torch.tensor([t.user_turn("ok")]), qc, last=True)
+    assert not calls

@@ -2,9 +2,10 @@
 
 `CpuAttention` is the kvcache entry point for a quantized model on the CPU: a prefill (more
 than one fp32 query, the fp16 cache of one sequence, causal, no softcap) appends its K/V at
-cache_seqlens as every backend does, then attends in C; anything else, and NANOCHAT_QGEMM=0
-(the exact fp32 path), goes to the backend it wraps (SDPA). Why: torch's SDPA was ~17% of a
-one-thread pp512, and its OpenMP split collapsed when another program held a core.
+cache_seqlens as every backend does, then attends in C; anything else, `--attn sdpa` (a
+backend asked for by name) and NANOCHAT_QGEMM=0 (the exact fp32 path) go to the backend it
+wraps (SDPA). Why: torch's SDPA was ~17% of a one-thread pp512, and its OpenMP split
+collapsed when another program held a core.
 """
 
 from __future__ import annotations
@@ -56,9 +57,9 @@ class CpuAttention(Attention):
                  layer_idx: int, causal: bool = True, window_size: tuple[int, int] = (-1, -1),
                  softcap: float = 0.0) -> torch.Tensor:
         k_cache, v_cache = cache.get_layer_cache(layer_idx)
-        if (q.shape[1] > 1 and k is not None and causal and softcap == 0 and window_size[1] in (0, -1)
-                and q.dtype == torch.float32 and q.device.type == "cpu" and k_cache.dtype == torch.float16
-                and cache.batch_size == 1 and prefill_gemm.enabled() and (lib := bind(prefill_gemm.lib()))):
+        if (self.requested == "auto" and q.shape[1] > 1 and k is not None and causal and softcap == 0
+                and window_size[1] in (0, -1) and q.dtype == torch.float32 and q.device.type == "cpu"
+                and k_cache.dtype == torch.float16 and cache.batch_size == 1 and prefill_gemm.enabled() and (lib := bind(prefill_gemm.lib()))):
             pos, t = cache.seqlen, q.shape[1]
             k_cache[:, pos:pos + t] = k
             v_cache[:, pos:pos + t] = v
