@@ -59,7 +59,8 @@ class CpuAttention(Attention):
         k_cache, v_cache = cache.get_layer_cache(layer_idx)
         if (self.requested == "auto" and q.shape[1] > 1 and k is not None and causal and softcap == 0
                 and window_size[1] in (0, -1) and q.dtype == torch.float32 and q.device.type == "cpu"
-                and k_cache.dtype == torch.float16 and cache.batch_size == 1 and prefill_gemm.enabled() and (lib := bind(prefill_gemm.lib()))):
+                and k_cache.dtype == torch.float16 and cache.batch_size == 1 and prefill_gemm.enabled()
+                and (lib := bind(prefill_gemm.lib()))):
             pos, t = cache.seqlen, q.shape[1]
             k_cache[:, pos:pos + t] = k
             v_cache[:, pos:pos + t] = v
