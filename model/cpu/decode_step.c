@@ -14,7 +14,13 @@
 enum { PH_IDLE = 0, PH_QKV, PH_ATTN, PH_WO, PH_GU, PH_DOWN, PH_HEAD };
 
 #ifndef BLOCK_BYTES
-#define BLOCK_BYTES 32768   /* weight bytes a row block reads: ~2-3 us, enough to amortise a claim */
+/* Weight bytes a row block reads at most (rows_per_block also caps a block at a quarter of a
+   thread's share). Large on purpose: each block is one long sequential stream for the hardware
+   prefetcher, where 32 KB blocks claimed in turn by two threads interleaved their streams and
+   bounced the claim's cache line ~10x as often; 32 KB -> 256 KB took 2-thread decode from ~29.5
+   to ~37 tok/s on the Llama-3.2-1B shape, ~88 to ~106 on Gemma 3 270M, ~53 to ~65 on Qwen3-0.6B
+   (docs/benchmarks.md). A descheduled thread's block is still computed by the rescue. */
+#define BLOCK_BYTES 262144
 #endif
 #define RMAX 512            /* rows a block holds at most */
 #define CHUNK_MIN 64        /* keys an attention block holds at least ... */
