@@ -726,3 +726,21 @@ def greedy(gen: Generator, prompt: list[int], n: int) -> list[int]:
         out.append(gen.sample())
         gen.feed(out[-1])
     return out
+
+
+def cpu_burning_llama_bench(tmp_path: Path, ms: float, per: str = "-n") -> str:
+    """A stand-in llama-bench for the CPU-time benches: it spends `ms` of CPU for each unit of its
+    `per` argument (`-n`: a decode token, `-r`: a repetition) plus a fixed 30 ms (its load and
+    warm-up), which the benches' difference of two runs must cancel."""
+    script = tmp_path / "llama-bench"
+    script.write_text(f"""#!{sys.executable}
+import sys, time
+n = int(sys.argv[sys.argv.index({per!r}) + 1])
+end = time.process_time() + 0.030 + n * {ms} / 1000
+while time.process_time() < end:
+    pass
+print("[]")
+""")
+    script.chmod(0o755)
+    return str(script)
+

@@ -5,32 +5,16 @@ builds of the kernels compared on the same matrices."""
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import cpu_burning_llama_bench
 
 from chatapp.bench import cputime, gemv_rates
 from model.cpu import native
 
 TINY = Path(__file__).parent / "data" / "tiny_llama_q3_k_m.gguf"
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"CPU kernels unavailable: {native.why_not()}")
-
-
-def cpu_burning_llama_bench(tmp_path: Path, ms_per_token: float) -> str:
-    """A stand-in llama-bench that spends `ms_per_token` of CPU per -n token plus a fixed 30 ms
-    (its load and warm-up), which the N / 3N difference must cancel."""
-    script = tmp_path / "llama-bench"
-    script.write_text(f"""#!{sys.executable}
-import sys, time
-n = int(sys.argv[sys.argv.index("-n") + 1])
-end = time.process_time() + 0.030 + n * {ms_per_token} / 1000
-while time.process_time() < end:
-    pass
-print("[]")
-""")
-    script.chmod(0o755)
-    return str(script)
 
 
 def test_llama_cost_a_token_cancels_the_fixed_part(tmp_path):

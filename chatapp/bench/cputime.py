@@ -31,7 +31,7 @@ from chatapp.bench.llamacpp import find_binary, peer_env
 from model.decode.generate import Generator
 from model.decode.sampling import SamplingConfig
 from model.loading import LoadOptions
-from model.loading.dispatch import load_model
+from model.loading.dispatch import LoadedModel, load_model
 
 
 def ours_ms(gen: Generator, depth: int, tokens: int) -> float:
@@ -67,17 +67,28 @@ def llama_ms(binary: str, gguf: str, depth: int, tokens: int) -> float:
     return (run(3 * tokens) - run(tokens)) / (2 * tokens) * 1e3
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The CPU-time benches' shared flags: the GGUF, the rounds and the llama-bench binary."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("gguf")
-    ap.add_argument("--depth", default="0,1500", help="comma-separated context depths")
-    ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--llama-bench", default=None, help="the binary (else $NANOCHAT_LLAMA_BENCH)")
+    return ap
+
+
+def one_thread_model(gguf: str) -> LoadedModel:
+    """The GGUF on the quantized CPU path, torch on one thread (both engines get one)."""
+    torch.set_num_threads(1)
+    return load_model(gguf, LoadOptions(quantized=True))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__)
+    ap.add_argument("--depth", default="0,1500", help="comma-separated context depths")
+    ap.add_argument("--tokens", type=int, default=32)
     args = ap.parse_args(argv)
     binary, why = find_binary(args.llama_bench)
-    torch.set_num_threads(1)
-    lm = load_model(args.gguf, LoadOptions(quantized=True))
+    lm = one_thread_model(args.gguf)
     depths = [int(d) for d in args.depth.split(",")]
     gen = Generator(lm.model, lm.model.new_cache(max(depths) + 3 * args.tokens + 16), lm.tokenizer.vocab_size)
     if gen.cpu_step is None:

@@ -15,17 +15,14 @@ Prints a row per round, then the medians and llama.cpp / ours (above 1: ours cos
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
-from chatapp.bench.cputime import _child_cpu
+from chatapp.bench.cputime import _child_cpu, one_thread_model, parser
 from chatapp.bench.llamacpp import find_binary
 from model.decode.generate import Generator
-from model.loading import LoadOptions
-from model.loading.dispatch import load_model
 
 
 def ours_ms(gen: Generator, pp: int, seed: int) -> float:
@@ -46,15 +43,11 @@ def llama_ms(binary: str, gguf: str, pp: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("gguf")
+    ap = parser(__doc__)
     ap.add_argument("--pp", type=int, default=512)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--llama-bench", default=None, help="the binary (else $NANOCHAT_LLAMA_BENCH)")
     args = ap.parse_args(argv)
     binary, why = find_binary(args.llama_bench)
-    torch.set_num_threads(1)
-    lm = load_model(args.gguf, LoadOptions(quantized=True))
+    lm = one_thread_model(args.gguf)
     gen = Generator(lm.model, lm.model.new_cache(args.pp + 8), lm.tokenizer.vocab_size)
     ours_ms(gen, min(args.pp, 64), 0)
     ours, peer = [], []
