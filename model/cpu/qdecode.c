@@ -588,22 +588,28 @@ static inline float act_fn(int act, float g) {
 }
 
 /* ---- attention over one thread's share of the keys -------------------------------------------- */
+/* e^x = 2^n p(r) for x <= 0 (softmax arguments), relative error ~2e-7: n = round(x / ln 2) (the
+   caller's), r = x - n ln 2 with ln 2 in two parts, p a degree-6 polynomial. One formula for both
+   widths: V is the intrinsics' prefix (_mm256_ here, _mm512_ in prefill_attn.c), T the vector type. */
+#define EXP_POLY(V, T, n, x) __extension__({                                          \
+    T r_ = V##fnmadd_ps(n, V##set1_ps(0.693359375f), x);                               \
+    r_ = V##fnmadd_ps(n, V##set1_ps(-2.12194440e-4f), r_);                             \
+    T p_ = V##set1_ps(1.9875691500e-4f);                                               \
+    p_ = V##fmadd_ps(p_, r_, V##set1_ps(1.3981999507e-3f));                            \
+    p_ = V##fmadd_ps(p_, r_, V##set1_ps(8.3334519073e-3f));                            \
+    p_ = V##fmadd_ps(p_, r_, V##set1_ps(4.1665795894e-2f));                            \
+    p_ = V##fmadd_ps(p_, r_, V##set1_ps(1.6666665459e-1f));                            \
+    p_ = V##fmadd_ps(p_, r_, V##set1_ps(5.0000001201e-1f));                            \
+    V##fmadd_ps(p_, V##mul_ps(r_, r_), V##add_ps(r_, V##set1_ps(1.0f))); })
+#define EXP_LOG2E 1.44269504088896341f
+
 #ifdef QD_AVX2
-/* e^x for x <= 0 (softmax arguments), relative error ~2e-7: exponent by rounding, then a
-   degree-6 polynomial on the remainder. Scalar expf was a third of the attention at 1,500 keys. */
+/* Scalar expf was a third of the attention at 1,500 keys. */
 static inline __m256 exp256(__m256 x) {
     x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256 p = EXP_POLY(_mm256_, __m256, n, x);
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
