@@ -2,9 +2,11 @@
 
     python -m chatapp.bench.prefill_agreement FILE.gguf [FILE.gguf ...]
     NANOCHAT_QGEMM=int8 python -m chatapp.bench.prefill_agreement ...   # int8 activations
+    NANOCHAT_QGEMM=1 python -m chatapp.bench.prefill_agreement ...      # int16 (the default without AMX)
 
 For each file: 512 teacher-forced tokens of ordinary prose (tests/data/ordinary_text.txt) in
-one prefill through the CPU's default path, whose layers run the integer GEMM (qgemm.c), and
+one prefill through the CPU's default path, whose layers run the integer GEMM (qgemm.c) or, where
+the CPU has AMX, the bf16 one (prefill_bf16.py), and
 in one forward through the same file dequantized exactly to fp32. Every position's logits
 come from the head's int16 row kernel, as the last position's do in the app (`GEMM head` also
 reports the head through the GEMM). Prints the share of positions where both pick the same
@@ -26,7 +28,7 @@ def agreement(path: Path, tokens: int = 512) -> dict:
     from model.loading import LoadOptions, load_model
 
     if not prefill_gemm.enabled():
-        raise SystemExit("the int8 prefill GEMM is off here (no AVX-512 VNNI build; NANOCHAT_QGEMM=1 forces it)")
+        raise SystemExit("the prefill GEMM is off here (no AVX-512 VNNI or AMX; NANOCHAT_QGEMM=1 forces it)")
     q = load_model(str(path), LoadOptions(quantized=True))
     ref = load_model(str(path), LoadOptions(dtype=torch.float32))
     ids = q.tokenizer.encode(TEXT.read_text())[:tokens + 1]
@@ -48,7 +50,9 @@ def agreement(path: Path, tokens: int = 512) -> dict:
     def agree(logits: torch.Tensor) -> float:
         return (logits.argmax(-1) == want.argmax(-1)).float().mean().item()
 
-    return {"file": path.name, "bits": prefill_gemm.activation_bits(), "tokens": len(target),
+    how = prefill_gemm.path()
+    return {"file": path.name, "activations": how if how == "bf16" else f"int{prefill_gemm.activation_bits()}",
+            "tokens": len(target),
             "agreement": agree(got), "agreement_gemm_head": agree(head8),
             "ppl": ppl(got), "ppl_gemm_head": ppl(head8), "ppl_ref": ppl(want),
             "max_logit_diff": (got - want).abs().max().item(), "max_logit": want.abs().max().item()}
@@ -57,7 +61,7 @@ def agreement(path: Path, tokens: int = 512) -> dict:
 def main(argv: list[str]) -> int:
     for name in argv:
         r = agreement(Path(name))
-        print(f"{r['file']}, int{r['bits']} activations: greedy agreement {r['agreement']:.2%} of {r['tokens']} "
+        print(f"{r['file']}, {r['activations']} activations: greedy agreement {r['agreement']:.2%} of {r['tokens']} "
               f"(GEMM head: {r['agreement_gemm_head']:.2%}), perplexity {r['ppl']:.3f} (GEMM head "
               f"{r['ppl_gemm_head']:.3f}) vs "
               f"{r['ppl_ref']:.3f} (fp32 reference); largest logit difference {r['max_logit_diff']:.3f} "

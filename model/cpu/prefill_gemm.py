@@ -8,8 +8,12 @@ rounds them, and split into two bytes for VNNI's u8 x s8 products; int8 (llama.c
 France?" off Paris, so it is opt-in (docs/cpu-prefill.md has both errors). The GEMM runs on its
 own pool of threads (dynamic row blocks, waits that sleep), sized by torch's thread count.
 
-NANOCHAT_QGEMM: unset: on where the kernels have AVX-512 VNNI; 1: on for any build (the
-portable C path, for tests); int8: on, with int8 activations; 0: off (the exact fp32 prefill).
+Where the CPU has AMX, oneDNN's bf16 tile GEMM is faster still, and `matmul`/`glu` hand the
+matrices to it (model/cpu/prefill_bf16.py).
+
+NANOCHAT_QGEMM: unset: bf16 where the CPU has AMX, else the int16 GEMM where the kernels have
+AVX-512 VNNI; 1: the int16 GEMM on any build (the portable C path, for tests); int8: the GEMM
+with int8 activations; bf16: the bf16 path on any CPU; 0: off (the exact fp32 prefill).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import weakref
 
 import torch
 
-from model.cpu import native
+from model.cpu import native, prefill_bf16
 
 _LOCK = threading.Lock()
 _CTX: dict[tuple[int, int], tuple[int, int]] = {}   # (library, threads) -> (context pointer, k_max)
@@ -50,11 +54,22 @@ def bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
     return lib
 
 
-def enabled() -> bool:
+def path() -> str | None:
+    """The GEMM a prefill's block matmuls take: "bf16" (AMX), "int16" or "int8" (qgemm.c), or None
+    (PyTorch's fp32 GEMM on the dequantized matrix)."""
     mode = os.environ.get("NANOCHAT_QGEMM", "")
     if mode == "0" or (lib_ := lib()) is None:
-        return False
-    return mode in ("1", "int8") or lib_.qg_simd() == 2
+        return None
+    if mode == "bf16" or (not mode and prefill_bf16.amx()):
+        return "bf16"
+    if mode == "int8":
+        return "int8"
+    return "int16" if mode == "1" or lib_.qg_simd() == 2 else None
+
+
+def enabled() -> bool:
+    """Whether a prefill's block matmuls leave PyTorch's fp32 GEMM."""
+    return path() is not None
 
 
 def activation_bits() -> int:
@@ -89,11 +104,14 @@ def _version(x: torch.Tensor) -> int:
     return 0 if x.is_inference() else x._version
 
 
-def matmul(qw: native.QW, x: torch.Tensor) -> torch.Tensor | None:
-    """x (..., cols) fp32 through the weight `qw` on torch's thread count; None where the GEMM
-    does not serve it (the caller runs the fp32 GEMM)."""
-    if not enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
+def matmul(qw: native.QW, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """x (..., cols) fp32 through the weight `qw` (+ `bias`, which is also qw's) on torch's thread
+    count; None where the GEMM does not serve it (the caller runs the fp32 GEMM)."""
+    if (how := path()) is None or x.dtype != torch.float32 or x.device.type != "cpu":
         return None
+    if how == "bf16":
+        if (y := prefill_bf16.matmul(qw, x, bias)) is not None:
+            return y
     return gemm(lib(), qw, x, torch.get_num_threads(), activation_bits())
 
 
@@ -112,8 +130,10 @@ ACTS = {"silu": 0, "gelu_tanh": 1}   # qdecode.c's ACT_SILU, ACT_GELU_TANH
 def glu(gate: native.QW, up: native.QW, x: torch.Tensor, act: str) -> torch.Tensor | None:
     """act(x Wg^T) * (x Wu^T) in one C call (a gated MLP's first half, the product formed as the
     up matrix's blocks are published); None where the GEMM does not serve them."""
-    if not enabled() or x.dtype != torch.float32 or x.device.type != "cpu" or act not in ACTS:
+    if (how := path()) is None or x.dtype != torch.float32 or x.device.type != "cpu" or act not in ACTS:
         return None
+    if how == "bf16" and (y := prefill_bf16.glu(gate, up, x, act)) is not None:
+        return y
     return glu_with(lib(), gate, up, x, torch.get_num_threads(), act, activation_bits())
 
 

@@ -433,6 +433,28 @@ static void glu_rows(int act, float *y, const float *u, int n) {
     }
 }
 
+/* out[i] = act(g[i]) * u[i] for a bf16 GEMM's output y[t][2n] (the gate's n columns, then the
+   up's): the GLU of the AMX prefill (prefill_bf16.py) in one pass, with glu_rows' bits. */
+void qg_glu_bf16(const uint16_t *y, float *out, int t, int n, int act, int n_threads) {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(n_threads)
+#endif
+    {
+        float *u = malloc(sizeof(float) * (size_t)n);
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int i = 0; i < t; i++) {
+            const uint16_t *g = y + (size_t)i * 2 * n;
+            float *o = out + (size_t)i * n;
+            for (int j = 0; j < n; j++) { o[j] = bf2f(g[j]); u[j] = bf2f(g[n + j]); }
+            glu_rows(act, o, u, n);
+        }
+        free(u);
+    }
+    (void)n_threads;
+}
+
 /* The phase's last block is published: close it (an idle phase has no blocks, so nobody claims
    the finished call's). */
 static void phase_done(GCtx *c, uint64_t s) {

@@ -117,7 +117,7 @@ class QLinear(nn.Module):
             y = torch.empty(self.out_features)
             lib.qd_gemv(self.qw(), xc.data_ptr(), y.data_ptr(), torch.get_num_threads())
             return y.reshape(*x.shape[:-1], self.out_features)
-        if self.blocks and (y := prefill_gemm.matmul(self.qw(), x)) is not None:   # a prefill: int8 GEMM
+        if self.blocks and (y := prefill_gemm.matmul(self.qw(), x, self.bias)) is not None:   # a prefill
             return y
         return F.linear(x.float(), self.weight_fp32(), self.bias)
 

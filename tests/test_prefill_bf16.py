@@ -1,0 +1,105 @@
+"""The AMX prefill (model/cpu/prefill_bf16.py): its bf16 weights are our exact fp32 dequantization
+rounded to nearest even, bit for bit, on every block format and thread count; its GEMM is x W^T
+within bf16's three roundings; its GLU pairs the product's columns as the gate and the up and
+applies the model's activation; a prefill through it and then the C decode step stay within
+bf16's error of the fp32 reference over two turns on one cache; and it is the default prefill
+exactly where the CPU has AMX. NANOCHAT_QGEMM=bf16 runs it on any CPU (oneDNN without AMX), so
+CI tests it wherever it runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+from helpers import both, packed_linear, random_blocks
+
+from model.cpu import native, prefill_bf16, prefill_gemm
+from model.cpu.file_blocks import FILE_TYPES, as_rows
+from model.cpu.qlinear import QLinear
+from model.decode.generate import Generator
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason=f"CPU kernels unavailable: {native.why_not()}")
+U = 2.0 ** -8   # bf16's unit roundoff (8 significant bits)
+
+
+def linear(kind: str, rng) -> tuple[QLinear, np.ndarray]:
+    if kind in FILE_TYPES:
+        raw = random_blocks(kind, 40, 512, rng)
+        w = quants.dequantize(raw, Q[kind]).reshape(40, 512).astype(np.float32)
+        return QLinear(kind.lower(), torch.from_numpy(as_rows(kind.lower(), raw, 40, 512))), w
+    return packed_linear(kind, seed=3)
+
+
+@pytest.mark.parametrize("kind", ("Q4_0", "Q4_1", "Q8_0", "Q5_1") + FILE_TYPES)
+def test_bf16_weights_are_the_exact_dequantization_rounded_to_nearest_even(kind):
+    ql, w = linear(kind, np.random.default_rng(11))
+    want = torch.from_numpy(w).bfloat16()   # the gguf package's values, rounded by torch
+    assert torch.equal(ql.weight_fp32(), torch.from_numpy(w))   # our fp32 ones are those values
+    for threads in (1, 2, 3):
+        got = prefill_bf16._weights((ql.qw(),), threads)
+        assert got.dtype == torch.bfloat16 and torch.equal(got, want)   # as values: -0 and 0 are one weight
+
+
+@pytest.mark.parametrize("kind", ("Q4_1", "Q4_K", "Q6_K"))
+def test_the_bf16_gemm_is_x_w_within_three_bf16_roundings(kind):
+    """Inputs and weights each rounded once (u relative), the fp32 sum rounded to bf16 once more."""
+    rng = np.random.default_rng(5)
+    ql, w = linear(kind, rng)
+    x = rng.normal(0, 1, (37, w.shape[1])).astype(np.float32)
+    x[:, 7] = 30.0   # an outlier channel: bf16 rounds each value by itself, so it costs nothing extra
+    bias = torch.from_numpy(rng.normal(0, 1, w.shape[0]).astype(np.float32))
+    y = prefill_bf16.matmul(ql.qw(), torch.from_numpy(x), bias).double().numpy()
+    exact = x.astype(np.float64) @ w.T.astype(np.float64)
+    size = np.abs(x.astype(np.float64)) @ np.abs(w.T.astype(np.float64))
+    assert (np.abs(y - bias.double().numpy() - exact) <= 2.05 * U * size + U * np.abs(exact) + 1e-6).all()
+    assert not np.array_equal(y, exact + bias.double().numpy())   # it is bf16, not an fp32 GEMM
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_the_bf16_glu_is_the_activation_of_the_gate_times_the_up(act):
+    rng = np.random.default_rng(2)
+    gate, wg = packed_linear("Q4_1", seed=8)
+    up, wu = packed_linear("Q4_1", seed=9)
+    x = torch.from_numpy(rng.normal(0, 1, (1, 21, wg.shape[1])).astype(np.float32))
+    got = prefill_bf16.glu(gate.qw(), up.qw(), x, act)
+    prod = F.linear(x.bfloat16(), torch.from_numpy(np.concatenate([wg, wu])).bfloat16()).float()
+    g, u = prod.split(wg.shape[0], dim=-1)
+    want = (F.silu(g) if act == "silu" else F.gelu(g, approximate="tanh")) * u
+    assert got.shape == want.shape == (1, 21, wg.shape[0])
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6 * want.abs().max().item())
+    assert prefill_bf16.glu(gate.qw(), up.qw(), x, "relu") is None   # not an activation it has
+
+
+def test_the_default_prefill_is_bf16_exactly_where_the_cpu_has_amx(monkeypatch):
+    monkeypatch.delenv("NANOCHAT_QGEMM", raising=False)
+    assert (prefill_gemm.path() == "bf16") == prefill_bf16.amx()
+    for mode, want in (("bf16", "bf16"), ("1", "int16"), ("int8", "int8"), ("0", None)):
+        monkeypatch.setenv("NANOCHAT_QGEMM", mode)
+        assert prefill_gemm.path() == want
+
+
+def test_a_bf16_prefill_then_the_c_step_stays_near_the_reference_over_two_turns(mixed_gguf, home, monkeypatch):  # noqa: F811
+    """The bf16 prefill writes the persistent fp16 cache the C step then reads: each turn's
+    logits stay within bf16's error of the fp32 reference's, fed the same tokens."""
+    monkeypatch.setenv("NANOCHAT_QGEMM", "bf16")
+    q, ref = both(mixed_gguf)
+    calls = []
+    real = prefill_bf16.matmul
+    monkeypatch.setattr(prefill_bf16, "matmul", lambda *a: calls.append(1) or real(*a))
+    gq = Generator(q.model, q.model.new_cache(160), q.tokenizer.vocab_size)
+    gr = Generator(ref.model, ref.model.new_cache(160), ref.tokenizer.vocab_size)
+    assert gq.cpu_step is not None
+    t = q.template
+    for turn in (t.start("") + t.user_turn("hello world, tell me about 1234"), t.user_turn("what next?")):
+        with torch.inference_mode():
+            for gen in (gq, gr):
+                gen.prefill(turn)
+            for tok in [5, 17, 42]:   # the same tokens into both, so the logits stay comparable
+                scale = gr.logits.abs().max().item()
+                assert (gq.logits - gr.logits).abs().max().item() <= 0.03 * scale
+                for gen in (gq, gr):
+                    gen.feed(tok)
+    assert calls and gq.cache.seqlen == gr.cache.seqlen
