@@ -103,3 +103,45 @@ def test_a_bf16_prefill_then_the_c_step_stays_near_the_reference_over_two_turns(
                 for gen in (gq, gr):
                     gen.feed(tok)
     assert calls and gq.cache.seqlen == gr.cache.seqlen
+
+
+@pytest.mark.parametrize("pos,window", [(0, -1), (37, -1), (37, 20)])
+def test_bf16_attention_sees_exactly_the_causal_window_within_bf16s_error(pos, window):
+    """Over cached rows from an earlier turn (pos > 0), GQA, and a sliding window: the float64
+    softmax over the same keys, within bf16's rounding; keys it must not see carry huge values,
+    so one seen by mistake would show."""
+    g = torch.Generator().manual_seed(pos + window)
+    t, hq, hk, d = 19, 4, 2, 64
+    q = torch.randn(1, t, hq, d, generator=g)
+    k_cache = torch.randn(1, 80, hk, d, generator=g).half()
+    v_cache = torch.randn(1, 80, hk, d, generator=g).half()
+    i = torch.arange(t)[:, None] + pos
+    j = torch.arange(80)[None, :]
+    seen = (j <= i) & ((j >= i - window) if window >= 0 else True)
+    unseen = ~seen.any(0)
+    v_cache[:, unseen] = 1e4   # rows no query may see (the future, and before every window)
+    got = prefill_bf16.attend(q, k_cache, v_cache, pos, window, d ** -0.5)
+    kd, vd = (c.double().repeat_interleave(hq // hk, dim=2) for c in (k_cache, v_cache))
+    logits = torch.einsum("bthd,bshd->bhts", q.double(), kd) * d ** -0.5
+    p = logits.masked_fill(~seen, float("-inf")).softmax(-1)
+    want = torch.einsum("bhts,bshd->bthd", p, vd)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert (got.double() - want).abs().max().item() <= 0.02 * vd[:, seen.any(0)].abs().max().item()
+
+
+def test_q_k_and_v_as_one_stacked_gemm_are_each_ones_own_product(monkeypatch):
+    """The stacked GEMM (q, k and v over one input) splits back into each matrix's product, each
+    with its own bias (Qwen2's q/k/v have one), within an ulp of bf16 of the one-matrix GEMM."""
+    monkeypatch.setenv("NANOCHAT_QGEMM", "bf16")
+    mods = [packed_linear(kind, seed=s)[0] for kind, s in (("Q4_1", 1), ("Q8_0", 2), ("Q4_0", 3))]
+    mods[0].set_bias(torch.randn(mods[0].out_features))
+    x = torch.randn(1, 33, mods[0].in_features)
+    got = mods[0].stacked((mods[1], mods[2]), x)
+    assert got is not None and len(got) == 3
+    for m, y in zip(mods, got, strict=True):
+        want = prefill_bf16.matmul(m.qw(), x, m.bias)
+        assert y.shape == want.shape == (1, 33, m.out_features)
+        torch.testing.assert_close(y, want, rtol=2 * U, atol=1e-6)
+    assert mods[0].stacked((mods[1],), x[:, :1].reshape(-1)) is None   # one row: the decode kernel's
+    monkeypatch.setenv("NANOCHAT_QGEMM", "1")
+    assert mods[0].stacked((mods[1],), x) is None   # the int16 GEMM shares the quantized input instead

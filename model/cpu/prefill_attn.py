@@ -5,7 +5,8 @@ than one fp32 query, the fp16 cache of one sequence, causal, no softcap) appends
 cache_seqlens as every backend does, then attends in C; anything else, `--attn sdpa` (a
 backend asked for by name) and NANOCHAT_QGEMM=0 (the exact fp32 path) go to the backend it
 wraps (SDPA). Why: torch's SDPA was ~17% of a one-thread pp512, and its OpenMP split
-collapsed when another program held a core.
+collapsed when another program held a core. On AMX the bf16 prefill attends through PyTorch's
+bf16 SDPA instead (prefill_bf16.attend: oneDNN's tiles, 3-4x this kernel's fp32 rate there).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import ctypes
 import torch
 
 from kvcache import Attention, KVCache
-from model.cpu import prefill_gemm
+from model.cpu import prefill_bf16, prefill_gemm
 
 
 def bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
@@ -64,7 +65,10 @@ class CpuAttention(Attention):
             pos, t = cache.seqlen, q.shape[1]
             k_cache[:, pos:pos + t] = k
             v_cache[:, pos:pos + t] = v
-            out = attend(lib, q, k_cache, v_cache, pos, window_size[0], q.shape[-1] ** -0.5, torch.get_num_threads())
+            scale = q.shape[-1] ** -0.5
+            out = (prefill_bf16.attend(q, k_cache, v_cache, pos, window_size[0], scale)
+                   if prefill_gemm.path() == "bf16" else
+                   attend(lib, q, k_cache, v_cache, pos, window_size[0], scale, torch.get_num_threads()))
             if out is not None:
                 return out
             return super().__call__(q, None, None, cache, layer_idx, causal, window_size, softcap)

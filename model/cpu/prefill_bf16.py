@@ -4,10 +4,11 @@ Where the CPU has AMX (Sapphire Rapids and later), `torch.matmul` on bf16 runs o
 kernels, several times faster than our int16 GEMM (qgemm.c) and PyTorch's fp32 one. A block
 matrix is dequantized to bf16 (qd_dequant_bf16: the file's values, rounded to nearest even) into
 one shared buffer, the activations are rounded to bf16, and the products are summed in fp32 and
-rounded to bf16 once more on the way out. Over 512 teacher-forced tokens of text this agrees with
-the fp32 reference on 99.4% (SmolLM2) and 99.0% (Gemma 3 270M) of greedy picks, perplexity within
-0.2% (docs/cpu-prefill.md); llama.cpp's int8 activations are coarser. The decode step and the last
-position's logits are unchanged (the int16 row kernel).
+rounded to bf16 once more on the way out. Attention likewise: PyTorch's bf16 SDPA (oneDNN's
+tiles again) over the fp16 cache's rows, rounded to bf16. Over 512 teacher-forced tokens of text
+this agrees with the fp32 reference on 99.2% (SmolLM2) and 99.6% (Gemma 3 270M) of greedy picks,
+perplexity within 0.8% (docs/cpu-prefill.md); llama.cpp's int8 activations are coarser. The
+decode step and the last position's logits are unchanged (the int16 row kernel).
 """
 
 from __future__ import annotations
@@ -57,6 +58,14 @@ def matmul(qw: native.QW, x: torch.Tensor, bias: torch.Tensor | None) -> torch.T
     return y if bias is None else y + bias
 
 
+def stacked(qws: list[native.QW], x: torch.Tensor, biases: list) -> tuple[torch.Tensor, ...] | None:
+    """x through each of `qws` (+ its bias), the matrices stacked into one bf16 GEMM."""
+    if (w := _weights(tuple(qws), torch.get_num_threads())) is None:
+        return None
+    y = F.linear(x.to(torch.bfloat16), w).float().split([q.rows for q in qws], dim=-1)
+    return tuple(part if b is None else part + b for part, b in zip(y, biases, strict=True))
+
+
 ACTS = {"silu": 0, "gelu_tanh": 1}   # qdecode.c's ACT_SILU, ACT_GELU_TANH
 
 
@@ -73,3 +82,31 @@ def glu(gate: native.QW, up: native.QW, x: torch.Tensor, act: str) -> torch.Tens
     out = torch.empty(*x.shape[:-1], gate.rows)
     native.library().qg_glu_bf16(y.data_ptr(), out.data_ptr(), y.shape[0], gate.rows, ACTS[act], threads)
     return out
+
+
+_MASK: list = [None, None]   # (t, pos, window) -> the additive mask: every layer of a chunk shares it
+
+
+def _mask(t: int, pos: int, window_left: int) -> torch.Tensor:
+    """Query i (at pos + i) sees keys j <= pos + i, and with a window only j >= pos + i - window."""
+    key = (t, pos, window_left)
+    if _MASK[0] != key:
+        i = torch.arange(t)[:, None] + pos
+        j = torch.arange(pos + t)[None, :]
+        seen = (j <= i) & ((j >= i - window_left) if window_left >= 0 else True)
+        _MASK[:] = [key, torch.zeros(t, pos + t).masked_fill_(~seen, float("-inf")).to(torch.bfloat16)]
+    return _MASK[1]
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int, window_left: int,
+           scale: float) -> torch.Tensor:
+    """Causal attention of q (1, T, Hq, D) fp32 at positions pos.. over the caches' rows
+    [0, pos + T) (already written), in bf16 through PyTorch's SDPA; fp32 (1, T, Hq, D) out.
+    is_causal would align the square's corner at key 0, wrong once the cache holds earlier turns,
+    so the mask is explicit (and additive: SDPA converts a bool one on every call)."""
+    t, n = q.shape[1], pos + q.shape[1]
+    qb = q.transpose(1, 2).to(torch.bfloat16)
+    kb, vb = (c[:, :n].transpose(1, 2).to(torch.bfloat16) for c in (k_cache, v_cache))
+    o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=_mask(t, pos, window_left), scale=scale,
+                                       enable_gqa=True)
+    return o.transpose(1, 2).float()

@@ -115,6 +115,15 @@ def matmul(qw: native.QW, x: torch.Tensor, bias: torch.Tensor | None = None) -> 
     return gemm(lib(), qw, x, torch.get_num_threads(), activation_bits())
 
 
+def stacked(qws: list[native.QW], x: torch.Tensor, biases: list) -> tuple[torch.Tensor, ...] | None:
+    """Several weights over one input as one GEMM, on the bf16 path (oneDNN's per-call cost is
+    what a 512-token chunk's small matrices pay most); None elsewhere: the int16 GEMM already
+    quantizes a shared input once."""
+    if path() != "bf16" or x.dtype != torch.float32 or x.device.type != "cpu":
+        return None
+    return prefill_bf16.stacked(qws, x, biases)
+
+
 def gemm(lib_: ctypes.CDLL, qw: native.QW, x: torch.Tensor, threads: int, bits: int = 16) -> torch.Tensor | None:
     """x (..., cols) fp32 through `qw` with the library `lib_` (bound by `bind`) on `threads`,
     the activations rounded to `bits` (16 or 8)."""

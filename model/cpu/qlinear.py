@@ -122,6 +122,14 @@ class QLinear(nn.Module):
         return F.linear(x.float(), self.weight_fp32(), self.bias)
 
 
+    def stacked(self, others: tuple[nn.Module, ...], x: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+        """(self(x), *(o(x) for o in others)) as one GEMM for a prefill where the path stacks
+        matrices (bf16: q, k and v ask), else None."""
+        mods = (self, *others)
+        if x.numel() == self.in_features or not all(isinstance(m, QLinear) and m.blocks for m in mods):
+            return None
+        return prefill_gemm.stacked([m.qw() for m in mods], x, [m.bias for m in mods])
+
     def glu(self, up: nn.Module, x: torch.Tensor, act: str) -> torch.Tensor | None:
         """act(self(x)) * up(x) in one C call for a prefill (GatedMLP asks), else None."""
         if not (isinstance(up, QLinear) and self.blocks and up.blocks) or x.numel() == self.in_features:

@@ -175,8 +175,11 @@ class HeadsAttention(nn.Module):
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q, k and v as (B, T, heads, head_dim), before any norm or rotary."""
         b, t, _ = x.shape
-        return (self.q_proj(x).view(b, t, self.n_head, self.hd), self.k_proj(x).view(b, t, self.n_kv, self.hd),
-                self.v_proj(x).view(b, t, self.n_kv, self.hd))
+        fused = getattr(self.q_proj, "stacked", None)   # a quantized prefill: the three as one GEMM
+        q, k, v = (fused((self.k_proj, self.v_proj), x) if fused is not None else None) or (
+            self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        return (q.view(b, t, self.n_head, self.hd), k.view(b, t, self.n_kv, self.hd),
+                v.view(b, t, self.n_kv, self.hd))
 
     def forward(self, x, cos, sin, cache: KVCache, attn: Attention) -> torch.Tensor:
         b, t, _ = x.shape
