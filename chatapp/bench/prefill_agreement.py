@@ -50,7 +50,7 @@ def agreement(path: Path, tokens: int = 512) -> dict:
     def agree(logits: torch.Tensor) -> float:
         return (logits.argmax(-1) == want.argmax(-1)).float().mean().item()
 
-    how = prefill_gemm.path()
+    how = prefill_gemm.path(tokens)
     return {"file": path.name, "activations": how if how == "bf16" else f"int{prefill_gemm.activation_bits()}",
             "tokens": len(target),
             "agreement": agree(got), "agreement_gemm_head": agree(head8),

@@ -67,7 +67,7 @@ class CpuAttention(Attention):
             v_cache[:, pos:pos + t] = v
             scale = q.shape[-1] ** -0.5
             out = (prefill_bf16.attend(q, k_cache, v_cache, pos, window_size[0], scale)
-                   if prefill_gemm.path() == "bf16" else
+                   if prefill_gemm.path(t) == "bf16" else
                    attend(lib, q, k_cache, v_cache, pos, window_size[0], scale, torch.get_num_threads()))
             if out is not None:
                 return out

@@ -11,9 +11,10 @@ own pool of threads (dynamic row blocks, waits that sleep), sized by torch's thr
 Where the CPU has AMX, oneDNN's bf16 tile GEMM is faster still, and `matmul`/`glu` hand the
 matrices to it (model/cpu/prefill_bf16.py).
 
-NANOCHAT_QGEMM: unset: bf16 where the CPU has AMX, else the int16 GEMM where the kernels have
-AVX-512 VNNI; 1: the int16 GEMM on any build (the portable C path, for tests); int8: the GEMM
-with int8 activations; bf16: the bf16 path on any CPU; 0: off (the exact fp32 prefill).
+NANOCHAT_QGEMM: unset: bf16 where the CPU has AMX (chunks of BF16_MIN_TOKENS tokens or more), else
+the int16 GEMM where the kernels have AVX-512 VNNI; 1: the int16 GEMM on any build (the portable C
+path, for tests); int8: the GEMM with int8 activations; bf16: the bf16 path on any CPU; 0: off
+(the exact fp32 prefill).
 """
 
 from __future__ import annotations
@@ -54,13 +55,20 @@ def bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
     return lib
 
 
-def path() -> str | None:
-    """The GEMM a prefill's block matmuls take: "bf16" (AMX), "int16" or "int8" (qgemm.c), or None
-    (PyTorch's fp32 GEMM on the dequantized matrix)."""
+# Below this many tokens the int16 GEMM wins on AMX too: the bf16 path pays ~100 ms a prefill
+# whatever its length (every PyTorch op wakes sleeping OpenMP threads, ~150 us each here, and each
+# matrix is dequantized again), so a chat turn's 40 tokens took 170 ms against 70. Crossover,
+# fresh cache, 2 threads: ~300 tokens on SmolLM2, ~190 on Gemma 3 270M.
+BF16_MIN_TOKENS = 288
+
+
+def path(tokens: int | None = None) -> str | None:
+    """The GEMM a prefill of `tokens` rows takes for its block matmuls: "bf16" (AMX), "int16" or
+    "int8" (qgemm.c), or None (PyTorch's fp32 GEMM on the dequantized matrix)."""
     mode = os.environ.get("NANOCHAT_QGEMM", "")
     if mode == "0" or (lib_ := lib()) is None:
         return None
-    if mode == "bf16" or (not mode and prefill_bf16.amx()):
+    if mode == "bf16" or (not mode and prefill_bf16.amx() and (tokens or 0) >= BF16_MIN_TOKENS):
         return "bf16"
     if mode == "int8":
         return "int8"
@@ -107,7 +115,7 @@ def _version(x: torch.Tensor) -> int:
 def matmul(qw: native.QW, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
     """x (..., cols) fp32 through the weight `qw` (+ `bias`, which is also qw's) on torch's thread
     count; None where the GEMM does not serve it (the caller runs the fp32 GEMM)."""
-    if (how := path()) is None or x.dtype != torch.float32 or x.device.type != "cpu":
+    if (how := path(x.numel() // qw.cols)) is None or x.dtype != torch.float32 or x.device.type != "cpu":
         return None
     if how == "bf16":
         if (y := prefill_bf16.matmul(qw, x, bias)) is not None:
@@ -119,7 +127,7 @@ def stacked(qws: list[native.QW], x: torch.Tensor, biases: list) -> tuple[torch.
     """Several weights over one input as one GEMM, on the bf16 path (oneDNN's per-call cost is
     what a 512-token chunk's small matrices pay most); None elsewhere: the int16 GEMM already
     quantizes a shared input once."""
-    if path() != "bf16" or x.dtype != torch.float32 or x.device.type != "cpu":
+    if path(x.numel() // qws[0].cols) != "bf16" or x.dtype != torch.float32 or x.device.type != "cpu":
         return None
     return prefill_bf16.stacked(qws, x, biases)
 
@@ -139,7 +147,8 @@ ACTS = {"silu": 0, "gelu_tanh": 1}   # qdecode.c's ACT_SILU, ACT_GELU_TANH
 def glu(gate: native.QW, up: native.QW, x: torch.Tensor, act: str) -> torch.Tensor | None:
     """act(x Wg^T) * (x Wu^T) in one C call (a gated MLP's first half, the product formed as the
     up matrix's blocks are published); None where the GEMM does not serve them."""
-    if (how := path()) is None or x.dtype != torch.float32 or x.device.type != "cpu" or act not in ACTS:
+    how = path(x.numel() // gate.cols)
+    if how is None or x.dtype != torch.float32 or x.device.type != "cpu" or act not in ACTS:
         return None
     if how == "bf16" and (y := prefill_bf16.glu(gate, up, x, act)) is not None:
         return y
