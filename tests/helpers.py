@@ -514,6 +514,20 @@ def both(path):
     return load_model(str(path), LoadOptions(quantized=True)), load_model(str(path))
 
 
+def spied_pair(path, monkeypatch, owner, name: str, capacity: int = 160):
+    """The quantized model and the fp32 reference of one GGUF, each in a Generator, with
+    `owner.name` wrapped to count its calls (that the path under test really ran):
+    (quantized model, its generator, the reference's, the calls)."""
+    q, ref = both(path)
+    calls: list[int] = []
+    real = getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda *a: calls.append(1) or real(*a))
+    gq = Generator(q.model, q.model.new_cache(capacity), q.tokenizer.vocab_size)
+    gr = Generator(ref.model, ref.model.new_cache(capacity), ref.tokenizer.vocab_size)
+    assert gq.cpu_step is not None and gr.cpu_step is None
+    return q, gq, gr, calls
+
+
 # --- block formats ----------------------------------------------------------------------------
 
 # Where each type keeps its fp16 scales (d, and dmin for Q2_K) inside a block.

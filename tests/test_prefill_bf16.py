@@ -14,12 +14,11 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
-from helpers import both, packed_linear, random_blocks
+from helpers import packed_linear, random_blocks, spied_pair
 
 from model.cpu import native, prefill_bf16, prefill_gemm
 from model.cpu.file_blocks import FILE_TYPES, as_rows
 from model.cpu.qlinear import QLinear
-from model.decode.generate import Generator
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"CPU kernels unavailable: {native.why_not()}")
 U = 2.0 ** -8   # bf16's unit roundoff (8 significant bits)
@@ -86,13 +85,7 @@ def test_a_bf16_prefill_then_the_c_step_stays_near_the_reference_over_two_turns(
     """The bf16 prefill writes the persistent fp16 cache the C step then reads: each turn's
     logits stay within bf16's error of the fp32 reference's, fed the same tokens."""
     monkeypatch.setenv("NANOCHAT_QGEMM", "bf16")
-    q, ref = both(mixed_gguf)
-    calls = []
-    real = prefill_bf16.matmul
-    monkeypatch.setattr(prefill_bf16, "matmul", lambda *a: calls.append(1) or real(*a))
-    gq = Generator(q.model, q.model.new_cache(160), q.tokenizer.vocab_size)
-    gr = Generator(ref.model, ref.model.new_cache(160), ref.tokenizer.vocab_size)
-    assert gq.cpu_step is not None
+    q, gq, gr, calls = spied_pair(mixed_gguf, monkeypatch, prefill_bf16, "matmul")
     t = q.template
     for turn in (t.start("") + t.user_turn("hello world, tell me about 1234"), t.user_turn("what next?")):
         with torch.inference_mode():

@@ -15,13 +15,12 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
-from helpers import assert_invariant, both, packed_linear, random_blocks
+from helpers import assert_invariant, both, packed_linear, random_blocks, spied_pair
 
 from model.cpu import native, prefill_gemm
 from model.cpu.blocks import Q4, Q8
 from model.cpu.file_blocks import FILE_TYPES, as_rows
 from model.cpu.qlinear import QLinear
-from model.decode.generate import Generator
 
 pytestmark = pytest.mark.skipif(prefill_gemm.lib() is None, reason=f"CPU kernels unavailable: {native.why_not()}")
 
@@ -146,13 +145,7 @@ def test_prefill_through_the_gemm_then_decode_picks_the_references_tokens(mixed_
     """The default CPU path (GEMM prefill, then the C step over the persistent fp16 cache) and
     the fp32 reference greedy-decode the same tokens, over two turns on one cache."""
     monkeypatch.setenv("NANOCHAT_QGEMM", "1")   # the GEMM on any build, so CI runs it too
-    q, ref = both(mixed_gguf)
-    calls = []
-    real = prefill_gemm.gemm
-    monkeypatch.setattr(prefill_gemm, "gemm", lambda *a: calls.append(1) or real(*a))
-    gq = Generator(q.model, q.model.new_cache(160), q.tokenizer.vocab_size)
-    gr = Generator(ref.model, ref.model.new_cache(160), ref.tokenizer.vocab_size)
-    assert gq.cpu_step is not None and gr.cpu_step is None
+    q, gq, gr, calls = spied_pair(mixed_gguf, monkeypatch, prefill_gemm, "gemm")
     t = q.template
     for turn in (t.start("") + t.user_turn("hello world, tell me about 1234"), t.user_turn("what next?")):
         got, want = [], []
