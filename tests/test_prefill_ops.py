@@ -50,3 +50,20 @@ def test_the_quantized_loaders_norms_are_within_two_ulp_of_float64(cls):
     want = xd / torch.sqrt((xd ** 2).mean(-1, keepdim=True) + 1e-6) * ((1 + wd) if gemma else wd)
     assert ((got.double() - want).abs() <= 2 * torch.finfo(torch.float32).eps * want.abs()).all()
     assert prefill_ops.rms_norm(x.requires_grad_(), norm.weight, norm.eps, gemma) is None   # autograd: PyTorch's
+
+
+def test_norm_and_rotary_read_a_column_slice_of_the_stacked_product_in_place():
+    """q as columns of the stacked q/k/v GEMM's output (each token's heads contiguous, tokens a
+    row of the product apart): the same bits as on a contiguous copy, and no copy is made."""
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(1, 29, 4 * 64 + 2 * 2 * 64, generator=g) * 3
+    q = qkv[..., :4 * 64].view(1, 29, 4, 64)
+    assert not q.is_contiguous() and prefill_ops._row_groups(q) == (4, qkv.shape[-1])
+    w = torch.randn(64, generator=g)
+    for gemma in (False, True):
+        want = prefill_ops.rms_norm(q.contiguous(), w, 1e-6, gemma)
+        assert torch.equal(prefill_ops.rms_norm(q, w, 1e-6, gemma), want)
+    cos, sin = torch.randn(29, 32, generator=g), torch.randn(29, 32, generator=g)
+    got = prefill_ops.rotary(q, cos, sin)
+    assert torch.equal(got, torch_rotary(q.contiguous(), cos, sin)) and got.is_contiguous()
+    assert prefill_ops._row_groups(q.transpose(1, 2)) == (0, 0)   # other layouts: a contiguous copy

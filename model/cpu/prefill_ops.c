@@ -9,10 +9,13 @@
 
 /* y[r] = x[r] / rms(x[r]) scaled by w (gemma 0: w * (x r), Llama's order) or (1 + w) (gemma 1:
    (x r) * (1 + w)), per row of n. The sum of squares in double (in float it left the result ~3 ulp
-   from PyTorch's; in double, with the mean rounded to float as PyTorch's is, within an ulp). */
-void qp_rmsnorm(const float *x, float *y, const float *w, int rows, int n, float eps, int gemma) {
+   from PyTorch's; in double, with the mean rounded to float as PyTorch's is, within an ulp).
+   x's rows come in groups of `inner` contiguous ones, a group every `stride` floats: a head norm's
+   q or k as a column slice of the stacked q/k/v product, read in place (y is contiguous). */
+void qp_rmsnorm(const float *x, float *y, const float *w, int rows, int n, float eps, int gemma, int inner,
+                long stride) {
     for (int r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * n;
+        const float *xr = x + (size_t)(r / inner) * stride + (size_t)(r % inner) * n;
         float *yr = y + (size_t)r * n;
         double ss = 0.0;
         int i = 0;
@@ -45,7 +48,7 @@ void qp_rmsnorm(const float *x, float *y, const float *w, int rows, int n, float
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((optimize("fp-contract=off")))
 #endif
-void qp_rotary(const float *x, float *y, const float *cs, const float *sn, int t, int h, int d) {
+void qp_rotary(const float *x, float *y, const float *cs, const float *sn, int t, int h, int d, long stride) {
 #ifdef __clang__
 #pragma clang fp contract(off)
 #endif
@@ -53,7 +56,7 @@ void qp_rotary(const float *x, float *y, const float *cs, const float *sn, int t
     for (int i = 0; i < t; i++) {
         const float *c = cs + (size_t)i * half, *s = sn + (size_t)i * half;
         for (int k = 0; k < h; k++) {
-            const float *x1 = x + ((size_t)i * h + k) * d, *x2 = x1 + half;
+            const float *x1 = x + (size_t)i * stride + (size_t)k * d, *x2 = x1 + half;   /* token i's heads */
             float *y1 = y + ((size_t)i * h + k) * d, *y2 = y1 + half;
             int j = 0;
 #ifdef __AVX512F__

@@ -20,8 +20,9 @@ def lib() -> ctypes.CDLL | None:
     if lib_ is None or not hasattr(lib_, "qp_rotary"):
         return None
     if lib_.qp_rotary.argtypes is None:
-        lib_.qp_rmsnorm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]
-        lib_.qp_rotary.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3
+        lib_.qp_rmsnorm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int,
+                                                            ctypes.c_int, ctypes.c_long]
+        lib_.qp_rotary.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_long]
     return lib_
 
 
@@ -36,10 +37,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> 
     n = x.shape[-1]
     if not _plain(x, weight) or weight.numel() != n or (lib_ := lib()) is None:
         return None
-    xc, w = x.contiguous(), weight.detach().contiguous()
-    y = torch.empty_like(xc)
-    lib_.qp_rmsnorm(xc.data_ptr(), y.data_ptr(), w.data_ptr(), xc.numel() // n, n, eps, int(gemma))
+    w = weight.detach().contiguous()
+    inner, stride = _row_groups(x)
+    xc = x if inner else x.contiguous()
+    y = torch.empty(x.shape)
+    lib_.qp_rmsnorm(xc.data_ptr(), y.data_ptr(), w.data_ptr(), x.numel() // n, n, eps, int(gemma), inner or 1,
+                    stride if inner else n)
     return y
+
+
+def _row_groups(x: torch.Tensor) -> tuple[int, int]:
+    """(rows a group, floats between groups) for x (..., T, H, D) whose H x D rows are contiguous
+    and whose T steps are one stride apart (a column slice of the stacked q/k/v product); (0, 0)
+    when the C norm must read a contiguous copy."""
+    if x.is_contiguous():
+        return x.numel() // x.shape[-1], 0
+    if x.dim() >= 3 and x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] and all(d == 1 for d in x.shape[:-3]):
+        return x.shape[-2], x.stride(-3)
+    return 0, 0
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
@@ -49,7 +64,9 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     _, t, h, d = x.shape
     if d % 2 or cos.shape != (t, d // 2) or sin.shape != (t, d // 2):
         return None
-    xc, c, s = x.contiguous(), cos.contiguous(), sin.contiguous()
-    y = torch.empty_like(xc)
-    lib_.qp_rotary(xc.data_ptr(), y.data_ptr(), c.data_ptr(), s.data_ptr(), t, h, d)
+    inner, stride = _row_groups(x)
+    xc, c, s = x if inner else x.contiguous(), cos.contiguous(), sin.contiguous()
+    y = torch.empty(x.shape)
+    lib_.qp_rotary(xc.data_ptr(), y.data_ptr(), c.data_ptr(), s.data_ptr(), t, h, d,
+                   stride if inner and not x.is_contiguous() else h * d)
     return y
