@@ -16,7 +16,7 @@ import ctypes
 import torch
 
 from kvcache import Attention, KVCache
-from model.cpu import prefill_bf16, prefill_gemm
+from model.cpu import gemm_pool, prefill_bf16, prefill_gemm
 
 
 def bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
@@ -37,8 +37,8 @@ def attend(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         return None
     qc = q.contiguous()
     o = torch.empty_like(qc)
-    with prefill_gemm._LOCK:
-        ctx = prefill_gemm._context(lib, threads, 0)
+    with gemm_pool.LOCK:
+        ctx = gemm_pool.context(lib, threads, 0)
         if not ctx or lib.qg_attention(ctx, qc.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), t, pos, hq, hk,
                                        d, window_left, scale, o.data_ptr()) != 0:
             return None

@@ -13,12 +13,13 @@ decode step and the last position's logits are unchanged (the int16 row kernel).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 
 import torch
 import torch.nn.functional as F
 
-from model.cpu import native
+from model.cpu import gemm_pool, native
 
 SCRATCH_MAX = 32 << 20   # values: a larger matrix (a 262k-row head) keeps the int16 path
 _SCRATCH: list[torch.Tensor] = []
@@ -43,9 +44,12 @@ def _weights(qws: tuple[native.QW, ...], threads: int) -> torch.Tensor | None:
         _SCRATCH[:] = [torch.empty(rows * cols, dtype=torch.bfloat16)]
     out = _SCRATCH[0][:rows * cols].view(rows, cols)
     r = 0
-    for w in qws:
-        lib.qd_dequant_bf16(w, out[r:].data_ptr(), threads)
-        r += w.rows
+    with gemm_pool.LOCK:
+        ctx = gemm_pool.context(lib, threads, cols)
+        for w in qws:   # on the prefill's own pool; OpenMP's (qd_dequant_bf16) where it has none
+            if not ctx or lib.qg_dequant_bf16(ctx, ctypes.byref(w), out[r:].data_ptr()) != 0:
+                lib.qd_dequant_bf16(w, out[r:].data_ptr(), threads)
+            r += w.rows
     return out
 
 

@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
 import weakref
 
 import torch
 
-from model.cpu import native, prefill_bf16
+from model.cpu import gemm_pool, native, prefill_bf16
 
-_LOCK = threading.Lock()
-_CTX: dict[tuple[int, int], tuple[int, int]] = {}   # (library, threads) -> (context pointer, k_max)
 _LAST: list = [None, -1, 0]            # the last input (a weak reference), its version, the context
 
 
@@ -42,9 +39,6 @@ def bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
     if lib is None or not hasattr(lib, "qg_gemm"):
         return None
     if lib.qg_gemm.argtypes is None:
-        lib.qg_new.restype = ctypes.c_void_p
-        lib.qg_new.argtypes = [ctypes.c_int, ctypes.c_int]
-        lib.qg_free.argtypes = [ctypes.c_void_p]
         lib.qg_supports.argtypes = [ctypes.POINTER(native.QW)]
         lib.qg_gemm.argtypes = [ctypes.c_void_p, ctypes.POINTER(native.QW), ctypes.c_void_p, ctypes.c_int,
                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
@@ -92,18 +86,6 @@ def note(lib_: ctypes.CDLL | None = None) -> str | None:
         return None
     return ("nanochat-tui: note: this CPU has no AVX-512 VNNI; long prompts prefill through PyTorch's fp32 GEMM "
             "(slower)")
-
-
-def _context(lib_: ctypes.CDLL, threads: int, cols: int) -> int:
-    key = (id(lib_), threads)
-    ctx, k_max = _CTX.get(key, (0, 0))
-    if cols > k_max or not ctx:
-        if ctx:
-            lib_.qg_free(ctx)
-        k_max = max(4096, 1 << (cols - 1).bit_length())
-        ctx = lib_.qg_new(threads, k_max) or 0
-        _CTX[key] = (ctx, k_max)
-    return ctx
 
 
 def _version(x: torch.Tensor) -> int:
@@ -168,8 +150,8 @@ def _call(lib_: ctypes.CDLL, x: torch.Tensor, cols: int, rows: int, threads: int
     xc = x.reshape(-1, cols).contiguous()
     t = xc.shape[0]
     y = torch.empty(t, rows)
-    with _LOCK:
-        ctx = _context(lib_, threads, cols)
+    with gemm_pool.LOCK:
+        ctx = gemm_pool.context(lib_, threads, cols)
         if not ctx:
             return None
         # q, k and v (and gate and up) read the same input: quantize it once

@@ -41,11 +41,12 @@
 typedef struct {
     QW w;
     float *y;
-    int nb, rb, t, tp, kind, bits;   /* kind 0: idle, 1: GEMM, 2: quantize x, 3: attention; bits: 8 or 16 */
+    int nb, rb, t, tp, kind, bits;   /* kind 0: idle, 1: GEMM, 2: quantize x, 3: attention, 4: rows to bf16 */
     const float *x;                  /* kind 2: the input, t x k */
     int k, sub;
     int glu;                         /* 0, or 1 + act: y = act(y) * (x W^T), y holding the gate's output */
     uint64_t call;
+    uint16_t *yb;                    /* kind 4: the bf16 rows' destination */
     AttnJob at;                      /* kind 3 (last: the GEMM's phases are initialised in order) */
 } GPhase;
 
@@ -476,8 +477,25 @@ static __attribute__((noinline)) void attn_block(GCtx *c, const GPhase *p, int b
     if (pool_published(&c->pool, s, b, p->nb)) phase_done(c, s);
 }
 
+/* kind 4: rows [b * rb, ...) of w as bf16 into the thread's scratch, then out by whoever wins the
+   block (a straggler of an old phase never writes into a buffer reused since). */
+static __attribute__((noinline)) void bf16_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
+    const QW *w = &p->w;
+    GScratch *sc = &c->scr[tid];
+    const int r0 = b * p->rb, rows = r0 + p->rb <= w->rows ? p->rb : w->rows - r0;
+    uint16_t *tmp = (uint16_t *)sc->out;
+    for (int r = 0; r < rows; r++) {
+        dequant_row(w, r0 + r, sc->gd);
+        for (int j = 0; j < w->cols; j++) tmp[(size_t)r * w->cols + j] = f2bf(sc->gd[j]);
+    }
+    if (!pool_take(&c->pool, s, b)) return;
+    memcpy(p->yb + (size_t)r0 * w->cols, tmp, sizeof(uint16_t) * (size_t)rows * w->cols);
+    if (pool_published(&c->pool, s, b, p->nb)) phase_done(c, s);
+}
+
 static void gemm_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
     if (p->kind == 2) { quant_block(c, p, b, tid, s); return; }
+    if (p->kind == 4) { bf16_block(c, p, b, tid, s); return; }
     if (p->kind == 3) { attn_block(c, p, b, tid, s); return; }
     const QW *w = &p->w;
     const int r0 = b * p->rb, rows = (r0 + p->rb <= w->rows ? p->rb : w->rows - r0), rp = (rows + QG_R - 1) / QG_R * QG_R;
@@ -657,6 +675,30 @@ int qg_attention(void *p, const float *q, const uint16_t *kc, const uint16_t *vc
     ph.kind = 3;
     ph.nb = attn_blocks(&J);
     ph.at = J;
+    ph.call = ++c->call;
+    uint64_t s = atomic_load(&c->pool.seq);
+    pool_open_begin(&c->pool, s);
+    c->ph = ph;
+    pool_open_end(&c->pool, s);
+    gemm_work(c, 0, c->call);
+    return 0;
+}
+
+/* w's values as bf16 (qd_dequant_bf16's bits) into out, on this pool: blocks of rows claimed
+   dynamically, waits that spin briefly and then sleep, unlike OpenMP's sleeping workers, each of
+   which cost a wake per matrix. Returns 0, or -1 (the caller dequantizes otherwise). */
+int qg_dequant_bf16(void *p, const QW *w, uint16_t *out) {
+    GCtx *c = p;
+    const size_t room = sizeof(float) * QG_TMAX * QG_RB_MAX / sizeof(uint16_t);   /* a scratch's bf16 values */
+    if (!c || w->cols > c->k_max || (size_t)w->cols > room) return -1;
+    GPhase ph = {0};
+    ph.kind = 4;
+    ph.w = *w;
+    ph.yb = out;
+    ph.rb = (int)(room / (size_t)w->cols);
+    if (ph.rb > 64) ph.rb = 64;   /* several blocks a thread, so a late one is small */
+    ph.nb = (w->rows + ph.rb - 1) / ph.rb;
+    if (ph.nb > QG_MAX_BLOCKS) return -1;
     ph.call = ++c->call;
     uint64_t s = atomic_load(&c->pool.seq);
     pool_open_begin(&c->pool, s);
