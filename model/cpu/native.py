@@ -102,7 +102,6 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.qd_step.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                             ctypes.c_void_p]
     lib.qd_dequant.argtypes = [ctypes.POINTER(QW), ctypes.c_void_p, ctypes.c_int]
-    lib.qd_dequant_bf16.argtypes = [ctypes.POINTER(QW), ctypes.c_void_p, ctypes.c_int]
     lib.qg_dequant_bf16.argtypes = [ctypes.c_void_p, ctypes.POINTER(QW), ctypes.c_void_p]
     lib.qg_glu_bf16.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 4
     lib.qd_gemv.argtypes = [ctypes.POINTER(QW), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]

@@ -2,7 +2,7 @@
 
 Where the CPU has AMX (Sapphire Rapids and later), `torch.matmul` on bf16 runs oneDNN's tile
 kernels, several times faster than our int16 GEMM (qgemm.c) and PyTorch's fp32 one. A block
-matrix is dequantized to bf16 (qd_dequant_bf16: the file's values, rounded to nearest even) into
+matrix is dequantized to bf16 (qg_dequant_bf16: the file's values, rounded to nearest even) into
 one shared buffer, the activations are rounded to bf16, and the products are summed in fp32 and
 rounded to bf16 once more on the way out. Attention likewise: PyTorch's bf16 SDPA (oneDNN's
 tiles again) over the fp16 cache's rows, rounded to bf16. Over 512 teacher-forced tokens of text
@@ -36,7 +36,8 @@ def amx() -> bool:
 
 
 def _weights(qws: tuple[native.QW, ...], threads: int) -> torch.Tensor | None:
-    """The matrices `qws`, stacked by rows, as bf16 in the shared buffer (None if too large)."""
+    """The matrices `qws`, stacked by rows, as bf16 in the shared buffer, dequantized on the
+    prefill's pool (None if too large, or the pool cannot: the caller keeps the int16 GEMM)."""
     rows, cols = sum(w.rows for w in qws), qws[0].cols
     if rows * cols > SCRATCH_MAX or any(w.cols != cols for w in qws) or (lib := native.library()) is None:
         return None
@@ -46,9 +47,9 @@ def _weights(qws: tuple[native.QW, ...], threads: int) -> torch.Tensor | None:
     r = 0
     with gemm_pool.LOCK:
         ctx = gemm_pool.context(lib, threads, cols)
-        for w in qws:   # on the prefill's own pool; OpenMP's (qd_dequant_bf16) where it has none
+        for w in qws:
             if not ctx or lib.qg_dequant_bf16(ctx, ctypes.byref(w), out[r:].data_ptr()) != 0:
-                lib.qd_dequant_bf16(w, out[r:].data_ptr(), threads)
+                return None
             r += w.rows
     return out
 

@@ -862,31 +862,12 @@ void qd_dequant(const QW *w, float *out, int n_threads) {
     for (int r = 0; r < w->rows; r++) dequant_row(w, r, out + (size_t)r * w->cols);
 }
 
-/* W as bf16, rounded to nearest even (torch's float -> bfloat16): a prefill's matmul on AMX
-   (oneDNN) reads it. One fp32 row a thread at a time, so no full fp32 copy is ever made. */
+/* A float as bf16, rounded to nearest even (torch's float -> bfloat16): the AMX prefill's weights
+   (qg_dequant_bf16, in qgemm.c). */
 static inline uint16_t f2bf(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-void qd_dequant_bf16(const QW *w, uint16_t *out, int n_threads) {
-#ifdef _OPENMP
-#pragma omp parallel num_threads(n_threads)
-#endif
-    {
-        float *row = malloc(sizeof(float) * (size_t)w->cols);
-#ifdef _OPENMP
-#pragma omp for schedule(static)
-#endif
-        for (int r = 0; r < w->rows; r++) {
-            uint16_t *o = out + (size_t)r * w->cols;
-            dequant_row(w, r, row);
-            for (int j = 0; j < w->cols; j++) o[j] = f2bf(row[j]);
-        }
-        free(row);
-    }
-    (void)n_threads;
 }
 
 /* y = W x for one vector, through the same kernels as the step (activations quantized). */

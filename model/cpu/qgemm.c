@@ -663,6 +663,16 @@ static int gemm_call(GCtx *c, const QW *w, const float *x, int t, float *y, int 
     return 0;
 }
 
+/* Open `ph` as this context's next call and work it with the pool until it is done. */
+static void run_phase(GCtx *c, GPhase ph) {
+    ph.call = ++c->call;
+    uint64_t s = atomic_load(&c->pool.seq);
+    pool_open_begin(&c->pool, s);
+    c->ph = ph;
+    pool_open_end(&c->pool, s);
+    gemm_work(c, 0, c->call);
+}
+
 /* o (t x hq x d) = causal softmax(q k^T * scale) v for the t queries at positions pos.. over the
    fp16 cache rows [0, pos + t) (already written), each query seeing keys [q - wl, q] (wl -1: all):
    a layer's prefill attention. Returns 0, or -1 (the caller runs PyTorch's). */
@@ -675,18 +685,13 @@ int qg_attention(void *p, const float *q, const uint16_t *kc, const uint16_t *vc
     ph.kind = 3;
     ph.nb = attn_blocks(&J);
     ph.at = J;
-    ph.call = ++c->call;
-    uint64_t s = atomic_load(&c->pool.seq);
-    pool_open_begin(&c->pool, s);
-    c->ph = ph;
-    pool_open_end(&c->pool, s);
-    gemm_work(c, 0, c->call);
+    run_phase(c, ph);
     return 0;
 }
 
-/* w's values as bf16 (qd_dequant_bf16's bits) into out, on this pool: blocks of rows claimed
-   dynamically, waits that spin briefly and then sleep, unlike OpenMP's sleeping workers, each of
-   which cost a wake per matrix. Returns 0, or -1 (the caller dequantizes otherwise). */
+/* w's values as bf16 (the exact dequantization, rounded to nearest even) into out, on this pool:
+   blocks of rows claimed dynamically, waits that spin briefly and then sleep (OpenMP's sleeping
+   workers cost a wake per matrix). Returns 0, or -1 (the caller keeps the int16 GEMM). */
 int qg_dequant_bf16(void *p, const QW *w, uint16_t *out) {
     GCtx *c = p;
     const size_t room = sizeof(float) * QG_TMAX * QG_RB_MAX / sizeof(uint16_t);   /* a scratch's bf16 values */
@@ -699,12 +704,7 @@ int qg_dequant_bf16(void *p, const QW *w, uint16_t *out) {
     if (ph.rb > 64) ph.rb = 64;   /* several blocks a thread, so a late one is small */
     ph.nb = (w->rows + ph.rb - 1) / ph.rb;
     if (ph.nb > QG_MAX_BLOCKS) return -1;
-    ph.call = ++c->call;
-    uint64_t s = atomic_load(&c->pool.seq);
-    pool_open_begin(&c->pool, s);
-    c->ph = ph;
-    pool_open_end(&c->pool, s);
-    gemm_work(c, 0, c->call);
+    run_phase(c, ph);
     return 0;
 }
 
