@@ -55,7 +55,7 @@ def _weights(qws: tuple[native.QW, ...], threads: int) -> torch.Tensor | None:
 
 
 def matmul(qw: native.QW, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """x (..., cols) fp32 through `qw` in bf16, fp32 out; None where this path does not serve it."""
+    """x (..., cols) fp32 or bf16 through `qw` in bf16, fp32 out; None where this path does not serve it."""
     w = _weights((qw,), torch.get_num_threads())
     if w is None:
         return None
@@ -75,7 +75,8 @@ ACTS = {"silu": 0, "gelu_tanh": 1}   # qdecode.c's ACT_SILU, ACT_GELU_TANH
 
 
 def glu(gate: native.QW, up: native.QW, x: torch.Tensor, act: str) -> torch.Tensor | None:
-    """act(x Wg^T) * (x Wu^T): both matrices in one GEMM (the tiles stay busy longer), then the
+    """act(x Wg^T) * (x Wu^T) as bf16 (the down projection's GEMM input, rounded where PyTorch
+    rounded it before): both matrices in one GEMM (the tiles stay busy longer), then the
     activation in C straight from the bf16 product (qg_glu_bf16): a 512-token fp32 copy of
     both halves went through memory twice and cost more than the GEMM."""
     if act not in ACTS or gate.rows != up.rows or gate.bias or up.bias:
@@ -84,7 +85,7 @@ def glu(gate: native.QW, up: native.QW, x: torch.Tensor, act: str) -> torch.Tens
     if (w := _weights((gate, up), threads)) is None:
         return None
     y = F.linear(x.reshape(-1, gate.cols).to(torch.bfloat16), w)
-    out = torch.empty(*x.shape[:-1], gate.rows)
+    out = torch.empty(*x.shape[:-1], gate.rows, dtype=torch.bfloat16)
     native.library().qg_glu_bf16(y.data_ptr(), out.data_ptr(), y.shape[0], gate.rows, ACTS[act], threads)
     return out
 

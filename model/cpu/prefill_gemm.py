@@ -94,15 +94,19 @@ def _version(x: torch.Tensor) -> int:
     return 0 if x.is_inference() else x._version
 
 
+FLOATS = (torch.float32, torch.bfloat16)   # bf16: the bf16 path's own GLU output, for the down projection
+
+
 def matmul(qw: native.QW, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
-    """x (..., cols) fp32 through the weight `qw` (+ `bias`, which is also qw's) on torch's thread
-    count; None where the GEMM does not serve it (the caller runs the fp32 GEMM)."""
-    if (how := path(x.numel() // qw.cols)) is None or x.dtype != torch.float32 or x.device.type != "cpu":
+    """x (..., cols) fp32 (or the bf16 path's bf16) through the weight `qw` (+ `bias`, which is
+    also qw's) on torch's thread count; None where the GEMM does not serve it (the caller runs
+    the fp32 GEMM)."""
+    if (how := path(x.numel() // qw.cols)) is None or x.dtype not in FLOATS or x.device.type != "cpu":
         return None
     if how == "bf16":
         if (y := prefill_bf16.matmul(qw, x, bias)) is not None:
             return y
-    return gemm(lib(), qw, x, torch.get_num_threads(), activation_bits())
+    return gemm(lib(), qw, x.float(), torch.get_num_threads(), activation_bits())
 
 
 def stacked(qws: list[native.QW], x: torch.Tensor, biases: list) -> tuple[torch.Tensor, ...] | None:

@@ -37,6 +37,7 @@
 
 #include "prefill_attn.c"   /* the prefill's causal attention: phase kind 3 on this pool */
 #include "prefill_ops.c"    /* its norms and rotary, on the calling thread */
+#include "prefill_bf16.c"   /* the AMX prefill's bf16 rows and GLU */
 
 typedef struct {
     QW w;
@@ -434,28 +435,6 @@ static void glu_rows(int act, float *y, const float *u, int n) {
     }
 }
 
-/* out[i] = act(g[i]) * u[i] for a bf16 GEMM's output y[t][2n] (the gate's n columns, then the
-   up's): the GLU of the AMX prefill (prefill_bf16.py) in one pass, with glu_rows' bits. */
-void qg_glu_bf16(const uint16_t *y, float *out, int t, int n, int act, int n_threads) {
-#ifdef _OPENMP
-#pragma omp parallel num_threads(n_threads)
-#endif
-    {
-        float *u = malloc(sizeof(float) * (size_t)n);
-#ifdef _OPENMP
-#pragma omp for schedule(static)
-#endif
-        for (int i = 0; i < t; i++) {
-            const uint16_t *g = y + (size_t)i * 2 * n;
-            float *o = out + (size_t)i * n;
-            for (int j = 0; j < n; j++) { o[j] = bf2f(g[j]); u[j] = bf2f(g[n + j]); }
-            glu_rows(act, o, u, n);
-        }
-        free(u);
-    }
-    (void)n_threads;
-}
-
 /* The phase's last block is published: close it (an idle phase has no blocks, so nobody claims
    the finished call's). */
 static void phase_done(GCtx *c, uint64_t s) {
@@ -484,10 +463,7 @@ static __attribute__((noinline)) void bf16_block(GCtx *c, const GPhase *p, int b
     GScratch *sc = &c->scr[tid];
     const int r0 = b * p->rb, rows = r0 + p->rb <= w->rows ? p->rb : w->rows - r0;
     uint16_t *tmp = (uint16_t *)sc->out;
-    for (int r = 0; r < rows; r++) {
-        dequant_row(w, r0 + r, sc->gd);
-        for (int j = 0; j < w->cols; j++) tmp[(size_t)r * w->cols + j] = f2bf(sc->gd[j]);
-    }
+    for (int r = 0; r < rows; r++) weight_row_bf16(w, r0 + r, sc->gd, tmp + (size_t)r * w->cols);
     if (!pool_take(&c->pool, s, b)) return;
     memcpy(p->yb + (size_t)r0 * w->cols, tmp, sizeof(uint16_t) * (size_t)rows * w->cols);
     if (pool_published(&c->pool, s, b, p->nb)) phase_done(c, s);
