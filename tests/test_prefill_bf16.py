@@ -103,7 +103,7 @@ def test_a_bf16_prefill_then_the_c_step_stays_near_the_reference_over_two_turns(
     assert calls and gq.cache.seqlen == gr.cache.seqlen
 
 
-@pytest.mark.parametrize("pos,window", [(0, -1), (37, -1), (37, 20)])
+@pytest.mark.parametrize("pos,window", [(0, -1), (0, 30), (0, 5), (37, -1), (37, 20)])   # (0, 30): is_causal
 def test_bf16_attention_sees_exactly_the_causal_window_within_bf16s_error(pos, window):
     """Over cached rows from an earlier turn (pos > 0), GQA, and a sliding window: the float64
     softmax over the same keys, within bf16's rounding; keys it must not see carry huge values,
