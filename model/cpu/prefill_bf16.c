@@ -67,9 +67,45 @@ static int block_row_bf16(const QW *w, int r, uint16_t *y) {
 #endif
 }
 
+#if defined(QB_BF16) && defined(QD_AVX2)
+/* dequant_file_avx2's values (the same products and differences), 32 at a time to bf16 */
+static inline __attribute__((always_inline)) void bf16_file_avx2(const QW *w, int r, uint16_t *out, const FileFmt f,
+                                                                 PrepFn prep, PrepV pv, V32Fn v32) {
+    (void)pv;
+    const uint8_t *row = file_row(w, r, &f);
+    float sc[16], mn[16] = {0};
+    for (int i = 0; i < w->cols / f.bv; i++) {
+        const uint8_t *b = row + (size_t)i * f.bb;
+        prep(b, sc, mn);
+        for (int k = 0; k < f.bv / 32; k++) {
+            const __m256i q = v32(b, k);
+            __m512 h[2];
+            for (int g = 0; g < 2; g++) {   /* values 16g..16g+15 of the 32 */
+                const __m128i part = g ? _mm256_extracti128_si256(q, 1) : _mm256_castsi256_si128(q);
+                h[g] = _mm512_mul_ps(_mm512_set1_ps(sc[SI(f, k, g)]), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(part)));
+                if (f.has_min) h[g] = _mm512_sub_ps(h[g], _mm512_set1_ps(mn[SI(f, k, g)]));
+            }
+            store_bf16x32(out + (size_t)i * f.bv + 32 * k, h[0], h[1]);
+        }
+    }
+}
+
+/* Row r of a GGUF-format weight (qformats.h) as bf16; 0 for a kind without a file path */
+static int file_row_bf16(const QW *w, int r, uint16_t *out) {
+    const int u8 = 0;
+    switch (w->kind) {
+        FILE_CASES(FILE_CASE, bf16, w, r, out)
+        default: return 0;
+    }
+    return 1;
+}
+#else
+static int file_row_bf16(const QW *w, int r, uint16_t *out) { (void)w; (void)r; (void)out; return 0; }
+#endif
+
 /* Row r of any weight as bf16 (tmp: cols floats of scratch) */
 static void weight_row_bf16(const QW *w, int r, float *tmp, uint16_t *y) {
-    if (block_row_bf16(w, r, y)) return;
+    if (block_row_bf16(w, r, y) || file_row_bf16(w, r, y)) return;
     dequant_row(w, r, tmp);
     row_to_bf16(tmp, y, w->cols);
 }
