@@ -110,31 +110,42 @@ static void weight_row_bf16(const QW *w, int r, float *tmp, uint16_t *y) {
     row_to_bf16(tmp, y, w->cols);
 }
 
-/* o[j] = bf16(act(g[j]) * u[j]): act(g) = g * sigmoid(a) as in act_rows, the division as a
-   reciprocal estimate refined once (relative error ~1e-7, far below bf16's 4e-3) */
+#ifdef QB_BF16
+/* act(g) * u at 16 lanes: act(g) = g * sigmoid(a) as in act_rows, the division a reciprocal
+   estimate refined once (relative error ~1e-7, far below bf16's 4e-3) */
+static inline __m512 glu16(int act, __m512 g, __m512 u) {
+    __m512 a = g;
+    if (act == ACT_GELU_TANH) {
+        const __m512 g3 = _mm512_mul_ps(_mm512_mul_ps(g, g), g);
+        a = _mm512_mul_ps(_mm512_set1_ps(2.f * 0.7978845608028654f), _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), g3, g));
+    }
+    const __m512 e = exp512(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), a), _mm512_set1_ps(80.f)));
+    const __m512 den = _mm512_add_ps(_mm512_set1_ps(1.f), e);
+    __m512 rc = _mm512_rcp14_ps(den);
+    rc = _mm512_mul_ps(rc, _mm512_fnmadd_ps(den, rc, _mm512_set1_ps(2.f)));
+    return _mm512_mul_ps(_mm512_mul_ps(g, rc), u);
+}
+#endif
+
+/* o[j] = bf16(act(g[j]) * u[j]), from bf16 g and u */
 static void glu_row_bf16(int act, const uint16_t *g, const uint16_t *u, uint16_t *o, int n) {
     int j = 0;
 #ifdef QB_BF16
-    const __m512 one = _mm512_set1_ps(1.f), two = _mm512_set1_ps(2.f);
-    for (; j + 32 <= n; j += 32) {
-        __m512 h[2];
-        for (int k = 0; k < 2; k++) {
-            const __m512 gv = load_bf16x16(g + j + 16 * k);
-            __m512 a = gv;
-            if (act == ACT_GELU_TANH) {
-                const __m512 g3 = _mm512_mul_ps(_mm512_mul_ps(gv, gv), gv);
-                a = _mm512_mul_ps(_mm512_set1_ps(2.f * 0.7978845608028654f), _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), g3, gv));
-            }
-            const __m512 e = exp512(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), a), _mm512_set1_ps(80.f)));
-            const __m512 den = _mm512_add_ps(one, e);
-            __m512 rc = _mm512_rcp14_ps(den);
-            rc = _mm512_mul_ps(rc, _mm512_fnmadd_ps(den, rc, two));
-            h[k] = _mm512_mul_ps(_mm512_mul_ps(gv, rc), load_bf16x16(u + j + 16 * k));
-        }
-        store_bf16x32(o + j, h[0], h[1]);
-    }
+    for (; j + 32 <= n; j += 32)
+        store_bf16x32(o + j, glu16(act, load_bf16x16(g + j), load_bf16x16(u + j)),
+                      glu16(act, load_bf16x16(g + j + 16), load_bf16x16(u + j + 16)));
 #endif
     for (; j < n; j++) o[j] = f2bf(act_fn(act, bf2f(g[j])) * bf2f(u[j]));
+}
+
+/* y[j] = act(y[j]) * u[j] in fp32: the tile GEMM's GLU (qgemm_amx.c), whose bits, unlike the
+   int16 GEMM's, need not match the decode step's act_rows */
+static void glu_rows_fast(int act, float *y, const float *u, int n) {
+    int j = 0;
+#ifdef QB_BF16
+    for (; j + 16 <= n; j += 16) _mm512_storeu_ps(y + j, glu16(act, _mm512_loadu_ps(y + j), _mm512_loadu_ps(u + j)));
+#endif
+    for (; j < n; j++) y[j] = act_fn(act, y[j]) * u[j];
 }
 
 /* out[i] = act(g[i]) * u[i] as bf16 for a bf16 GEMM's output y[t][2n] (the gate's n columns,

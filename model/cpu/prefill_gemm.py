@@ -43,6 +43,7 @@ def bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
         lib.qg_gemm.argtypes = [ctypes.c_void_p, ctypes.POINTER(native.QW), ctypes.c_void_p, ctypes.c_int,
                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         lib.qg_simd.restype = ctypes.c_int
+        lib.qg_amx.restype = ctypes.c_int
         lib.qg_gemm_glu.argtypes = [ctypes.c_void_p, ctypes.POINTER(native.QW), ctypes.POINTER(native.QW),
                                     ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                     ctypes.c_int]
@@ -104,16 +105,24 @@ def matmul(qw: native.QW, x: torch.Tensor, bias: torch.Tensor | None = None) -> 
     if (how := path(x.numel() // qw.cols)) is None or x.dtype not in FLOATS or x.device.type != "cpu":
         return None
     if how == "bf16":
-        if (y := prefill_bf16.matmul(qw, x, bias)) is not None:
+        if (y := tiles(qw, x)) is not None or (y := prefill_bf16.matmul(qw, x, bias)) is not None:
             return y
     return gemm(lib(), qw, x.float(), torch.get_num_threads(), activation_bits())
+
+
+def tiles(qw: native.QW, x: torch.Tensor) -> torch.Tensor | None:
+    """x through `qw` on our AMX tile GEMM (qgemm_amx.c: bf16 products, fp32 sums, on the pool);
+    None where the build or the CPU has none (oneDNN's bf16 GEMM serves the bf16 path then)."""
+    lib_ = lib()
+    return gemm(lib_, qw, x.float(), torch.get_num_threads(), 0) if lib_.qg_amx() else None
 
 
 def stacked(qws: list[native.QW], x: torch.Tensor, biases: list) -> tuple[torch.Tensor, ...] | None:
     """Several weights over one input as one GEMM, on the bf16 path (oneDNN's per-call cost is
     what a 512-token chunk's small matrices pay most); None elsewhere: the int16 GEMM already
     quantizes a shared input once."""
-    if path(x.numel() // qws[0].cols) != "bf16" or x.dtype != torch.float32 or x.device.type != "cpu":
+    if (path(x.numel() // qws[0].cols) != "bf16" or x.dtype != torch.float32 or x.device.type != "cpu"
+            or lib().qg_amx()):   # the tile GEMM takes them one by one, the input converted once
         return None
     return prefill_bf16.stacked(qws, x, biases)
 
@@ -136,6 +145,8 @@ def glu(gate: native.QW, up: native.QW, x: torch.Tensor, act: str) -> torch.Tens
     how = path(x.numel() // gate.cols)
     if how is None or x.dtype != torch.float32 or x.device.type != "cpu" or act not in ACTS:
         return None
+    if how == "bf16" and lib().qg_amx():
+        return glu_with(lib(), gate, up, x, torch.get_num_threads(), act, 0)
     if how == "bf16" and (y := prefill_bf16.glu(gate, up, x, act)) is not None:
         return y
     return glu_with(lib(), gate, up, x, torch.get_num_threads(), act, activation_bits())

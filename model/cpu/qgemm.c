@@ -388,17 +388,24 @@ static __attribute__((unused)) void kern_c(const GRows *w, const GAct *a, int r0
 #define QG_RB_MAX 64     /* rows a block holds at most */
 #define QG_GCHUNK 8      /* token groups a pass over the block's row tiles (144 tokens: <= 590 KB at k 2,048) */
 
+/* 64-byte aligned: a tile's or a vector's row never straddles two cache lines (with malloc's
+   16-byte alignment the AMX GEMM ran at 45 or 64 ms for the same work, by where its buffers fell) */
+static void *alloc64(size_t n) {
+    void *p = NULL;
+    return posix_memalign(&p, 64, n ? n : 64) == 0 ? p : NULL;
+}
+
 static int scratch_alloc(GScratch *s, int k) {
     const size_t need = (size_t)QG_RB_MAX * k;
-    s->q = malloc(need);
-    s->q16 = malloc(2 * need);
+    s->q = alloc64(need);
+    s->q16 = alloc64(2 * need);
     s->sw = malloc(sizeof(float) * need / 16);
     s->mn = malloc(sizeof(float) * need / 16);
     s->wc = malloc(sizeof(int32_t) * need / 16);
-    s->out = malloc(sizeof(float) * QG_TMAX * QG_RB_MAX);
-    s->gq = malloc((size_t)2 * QG_TOK * k);
-    s->gd = malloc(sizeof(float) * k);
-    s->gs = malloc(sizeof(float) * k);
+    s->out = alloc64(sizeof(float) * QG_TMAX * QG_RB_MAX);
+    s->gq = alloc64((size_t)2 * QG_TOK * k);
+    s->gd = alloc64(sizeof(float) * k);
+    s->gs = alloc64(sizeof(float) * k);
     if (ascratch_alloc(&s->a) != 0) return -1;
     return s->q && s->q16 && s->sw && s->mn && s->wc && s->out && s->gq && s->gd && s->gs ? 0 : -1;
 }
@@ -444,6 +451,8 @@ static void phase_done(GCtx *c, uint64_t s) {
     pool_open_end(&c->pool, s);
 }
 
+#include "qgemm_amx.c"   /* bits 0: the bf16 tile GEMM on AMX */
+
 /* noinline: inlined into gemm_block it cost the GEMM's blocks 12-15% (a Gemma GLU 17.0 -> 19.5 ms) */
 static __attribute__((noinline)) void attn_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
     const AttnJob *J = &p->at;
@@ -469,12 +478,24 @@ static __attribute__((noinline)) void bf16_block(GCtx *c, const GPhase *p, int b
     if (pool_published(&c->pool, s, b, p->nb)) phase_done(c, s);
 }
 
+static void publish_block(GCtx *c, const GPhase *p, int b, uint64_t s, const float *out, int rp);
+
 static void gemm_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
+#ifdef QG_AMX
+    if (p->kind == 2 && p->bits == 0) { amx_input_block(c, p, b, tid, s); return; }
+#endif
     if (p->kind == 2) { quant_block(c, p, b, tid, s); return; }
     if (p->kind == 4) { bf16_block(c, p, b, tid, s); return; }
     if (p->kind == 3) { attn_block(c, p, b, tid, s); return; }
     const QW *w = &p->w;
     const int r0 = b * p->rb, rows = (r0 + p->rb <= w->rows ? p->rb : w->rows - r0), rp = (rows + QG_R - 1) / QG_R * QG_R;
+#ifdef QG_AMX
+    if (p->bits == 0) {   /* whole 32-row steps */
+        const int rp32 = (rows + 31) / 32 * 32;
+        if (amx_block(c, p, b, tid, s, rp32)) publish_block(c, p, b, s, c->scr[tid].out, rp32);
+        return;
+    }
+#endif
     const int sub = qg_sub(w), ns = w->cols / sub;
     GScratch *sc = &c->scr[tid];
     for (int r = 0; r < rp; r++) {
@@ -510,11 +531,20 @@ static void gemm_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
 #endif
         }
     }
+    publish_block(c, p, b, s, sc->out, rp);
+}
+
+/* The block's out[t][rp] into y's rows [r0, r0 + rows) by whoever wins it (a GLU's up phase
+   forms act(gate) * up there, the gate's rows already in y) */
+static void publish_block(GCtx *c, const GPhase *p, int b, uint64_t s, const float *out, int rp) {
+    const QW *w = &p->w;
+    const int r0 = b * p->rb, rows = (r0 + p->rb <= w->rows ? p->rb : w->rows - r0);
     if (!pool_take(&c->pool, s, b)) return;
     for (int t = 0; t < p->t; t++) {
         float *dst = p->y + (size_t)t * w->rows + r0;
-        const float *src = sc->out + (size_t)t * rp;
-        if (p->glu) glu_rows(p->glu - 1, dst, src, rows);   /* the gate's rows, now act(gate) * up */
+        const float *src = out + (size_t)t * rp;
+        if (p->glu && p->bits == 0) glu_rows_fast(p->glu - 1, dst, src, rows);
+        else if (p->glu) glu_rows(p->glu - 1, dst, src, rows);   /* the gate's rows, now act(gate) * up */
         else if (w->bias) for (int r = 0; r < rows; r++) dst[r] = src[r] + w->bias[r0 + r];
         else memcpy(dst, src, sizeof(float) * rows);
     }
@@ -556,7 +586,7 @@ void *qg_new(int n_threads, int k_max) {
     c->k_max = k_max = (k_max + 31) / 32 * 32;
     c->scr = calloc((size_t)c->nt, sizeof(GScratch));
     c->workers = calloc((size_t)c->nt, sizeof(pthread_t));
-    c->aq = malloc((size_t)2 * QG_TMAX * k_max);
+    c->aq = alloc64((size_t)2 * QG_TMAX * k_max);
     c->ad = malloc(sizeof(float) * QG_TMAX * (k_max / 16));
     c->as = malloc(sizeof(float) * QG_TMAX * (k_max / 16));
     int bad = !c->scr || !c->workers || !c->aq || !c->ad || !c->as;
@@ -609,11 +639,12 @@ int qg_gemm_glu(void *p, const QW *wg, const QW *wu, const float *x, int t, floa
 }
 
 static int gemm_call(GCtx *c, const QW *w, const float *x, int t, float *y, int fresh, int bits, int glu) {
-    if (!c || !qg_supports(w) || t < 1 || w->cols > c->k_max || (bits != 8 && bits != 16)) return -1;
-    const int sub = qg_sub(w);
+    if (!c || !qg_supports(w) || t < 1 || w->cols > c->k_max || (bits != 8 && bits != 16 && bits != 0)) return -1;
+    if (bits == 0 && (!amx_ready() || w->cols % 32)) return -1;
+    const int sub = qg_sub(w), tile = bits == 0 ? 32 : QG_R;
     /* rows a block: about 8 blocks a thread, whole kernel tiles, at most QG_RB_MAX */
     int rb = (w->rows + 8 * c->nt - 1) / (8 * c->nt);
-    rb = (rb + QG_R - 1) / QG_R * QG_R;
+    rb = (rb + tile - 1) / tile * tile;
     if (rb > QG_RB_MAX) rb = QG_RB_MAX;
     if ((w->rows + rb - 1) / rb > QG_MAX_BLOCKS) return -1;
     if (sub != c->last_sub || t != c->last_t || bits != c->last_bits || t > QG_TMAX) fresh = 1;
@@ -621,7 +652,8 @@ static int gemm_call(GCtx *c, const QW *w, const float *x, int t, float *y, int 
     c->last_t = t;
     c->last_bits = bits;
     for (int t0 = 0; t0 < t; t0 += QG_TMAX) {
-        const int tn = t - t0 < QG_TMAX ? t - t0 : QG_TMAX, tp = (tn + QG_TOK - 1) / QG_TOK * QG_TOK;
+        const int step = bits == 0 ? 2 * QG_TOK : QG_TOK;   /* the tile GEMM: 32 tokens a step */
+        const int tn = t - t0 < QG_TMAX ? t - t0 : QG_TMAX, tp = (tn + step - 1) / step * step;
         GPhase ph = {*w, y + (size_t)t0 * w->rows, (w->rows + rb - 1) / rb, rb, tn, tp, 1, bits, NULL, w->cols, sub,
                      glu, ++c->call};
         uint64_t s = atomic_load(&c->pool.seq);
