@@ -3,7 +3,8 @@ rounded to nearest even, bit for bit, on every block format and thread count; it
 within bf16's three roundings; its GLU pairs the product's columns as the gate and the up and
 applies the model's activation; a prefill through it and then the C decode step stay within
 bf16's error of the fp32 reference over two turns on one cache; and it is the default prefill
-exactly where the CPU has AMX, for chunks of at least BF16_MIN_TOKENS tokens.
+exactly where the CPU has a bf16 GEMM (AMX, or AVX-512 BF16 for ours), for chunks of at least
+BF16_MIN_TOKENS tokens.
 NANOCHAT_QGEMM=bf16 runs it on any CPU (oneDNN without AMX), so CI tests it wherever it runs."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 from helpers import packed_linear, random_blocks, spied_pair
 
-from model.cpu import native, prefill_bf16, prefill_gemm
+from model.cpu import native, prefill_attn, prefill_bf16, prefill_gemm
 from model.cpu.file_blocks import FILE_TYPES, as_rows
 from model.cpu.qlinear import QLinear
 
@@ -76,9 +77,9 @@ def test_the_bf16_glu_is_the_activation_of_the_gate_times_the_up(act):
     assert prefill_bf16.glu(gate.qw(), up.qw(), x, "relu") is None   # not an activation it has
 
 
-def test_the_default_prefill_is_bf16_exactly_where_the_cpu_has_amx(monkeypatch):
+def test_the_default_prefill_is_bf16_exactly_where_the_cpu_has_a_bf16_gemm(monkeypatch):
     monkeypatch.delenv("NANOCHAT_QGEMM", raising=False)
-    assert (prefill_gemm.path(512) == "bf16") == prefill_bf16.amx()
+    assert (prefill_gemm.path(512) == "bf16") == bool(prefill_gemm.lib().qg_bf16() or prefill_bf16.amx())
     assert prefill_gemm.path(prefill_gemm.BF16_MIN_TOKENS - 1) != "bf16"   # a chat turn: the int16 GEMM
     for mode, want in (("bf16", "bf16"), ("1", "int16"), ("int8", "int8"), ("0", None)):
         monkeypatch.setenv("NANOCHAT_QGEMM", mode)
@@ -89,9 +90,14 @@ def test_a_bf16_prefill_then_the_c_step_stays_near_the_reference_over_two_turns(
     """The bf16 prefill writes the persistent fp16 cache the C step then reads: each turn's
     logits stay within bf16's error of the fp32 reference's, fed the same tokens."""
     monkeypatch.setenv("NANOCHAT_QGEMM", "bf16")
-    tiles = prefill_gemm.lib().qg_amx()   # AMX: our tile GEMM (tests/test_prefill_tiles.py), else oneDNN's
+    tiles = prefill_gemm.lib().qg_bf16()   # our bf16 GEMM (tests/test_prefill_tiles.py), else oneDNN's
     owner, name = (prefill_gemm, "tiles") if tiles else (prefill_bf16, "matmul")
     q, gq, gr, calls = spied_pair(mixed_gguf, monkeypatch, owner, name)
+    # attention: PyTorch's bf16 SDPA where oneDNN has AMX tiles, else our C kernel (faster there)
+    attn_owner = prefill_bf16 if prefill_bf16.amx() else prefill_attn
+    attended: list[int] = []
+    real_attend = attn_owner.attend
+    monkeypatch.setattr(attn_owner, "attend", lambda *a: attended.append(1) or real_attend(*a))
     t = q.template
     for turn in (t.start("") + t.user_turn("hello world, tell me about 1234"), t.user_turn("what next?")):
         with torch.inference_mode():
@@ -102,7 +108,7 @@ def test_a_bf16_prefill_then_the_c_step_stays_near_the_reference_over_two_turns(
                 assert (gq.logits - gr.logits).abs().max().item() <= 0.03 * scale
                 for gen in (gq, gr):
                     gen.feed(tok)
-    assert calls and gq.cache.seqlen == gr.cache.seqlen
+    assert calls and attended and gq.cache.seqlen == gr.cache.seqlen
 
 
 @pytest.mark.parametrize("pos,window", [(0, -1), (0, 30), (0, 5), (37, -1), (37, 20)])   # (0, 30): is_causal
@@ -138,7 +144,7 @@ def test_q_k_and_v_as_one_stacked_gemm_are_each_ones_own_product(monkeypatch):
     x = torch.randn(1, 33, mods[0].in_features)
     got = prefill_bf16.stacked([m.qw() for m in mods], x, [m.bias for m in mods])
     assert len(got) == 3
-    if not prefill_gemm.lib().qg_amx():   # with the tile GEMM, q, k and v go one by one instead
+    if not prefill_gemm.lib().qg_bf16():   # with our bf16 GEMM, q, k and v go one by one instead
         assert all(torch.equal(a, b) for a, b in zip(mods[0].stacked((mods[1], mods[2]), x), got, strict=True))
     for m, y in zip(mods, got, strict=True):
         want = prefill_bf16.matmul(m.qw(), x, m.bias)

@@ -1,11 +1,14 @@
-"""Our AMX tile GEMM (model/cpu/qgemm_amx.c, the bf16 prefill's matmuls where the CPU has AMX):
+"""Our bf16 GEMM (model/cpu/qgemm_bf16.c, the bf16 prefill's matmuls: AMX tiles where the CPU
+has them, else AVX-512 BF16's VDPBF16PS):
 each output is the exact sum of the bf16-rounded inputs times the bf16-rounded weights within
 fp32's summation error (no bf16 rounding of the result), on every block format, past the
 512-token phase, with rows and tokens that fill no whole tile; the same bits on any thread
-count; its GLU is act(gate) * up of those sums. Skipped where the CPU (or the build) has no AMX:
+count; its GLU is act(gate) * up of those sums. Skipped where the CPU (or the build) has neither:
 there the bf16 path is oneDNN's (tests/test_prefill_bf16.py)."""
 
 from __future__ import annotations
+
+import shutil
 
 import numpy as np
 import pytest
@@ -20,7 +23,7 @@ from model.cpu.file_blocks import FILE_TYPES, as_rows
 from model.cpu.qlinear import QLinear
 
 LIB = prefill_gemm.lib()
-pytestmark = pytest.mark.skipif(LIB is None or not LIB.qg_amx(), reason="no AMX tile GEMM on this CPU or build")
+pytestmark = pytest.mark.skipif(LIB is None or not LIB.qg_bf16(), reason="no AMX or AVX-512 BF16 on this CPU or build")
 U32 = 2.0 ** -24
 
 
@@ -84,4 +87,18 @@ def test_the_bf16_path_runs_on_the_tiles_here(monkeypatch):
     x = torch.randn(300, w.shape[1])
     assert torch.equal(prefill_gemm.matmul(ql.qw(), x), prefill_gemm.gemm(LIB, ql.qw(), x, torch.get_num_threads(), 0))
     assert prefill_gemm.stacked([ql.qw()], x, [None]) is None   # q, k and v go one by one
-    assert native.library().qg_amx() == 1
+    assert native.library().qg_bf16() in (1, 2)   # 1: the tiles, 2: VDPBF16PS
+
+
+@pytest.mark.skipif(shutil.which("clang") is None, reason="clang is not installed")
+def test_clang_builds_the_same_bf16_gemm():
+    """clang's build of the kernels has the same bf16 GEMM and gives the same bits (CI installs
+    clang, so the AVX-512 BF16 path is compiled by both compilers there)."""
+    lib = prefill_gemm.bind(native.build(["-O3", "-march=native", "-pthread"], cc="clang"))
+    assert lib is not None and lib.qg_bf16() == LIB.qg_bf16()
+    ql, w = packed_linear("Q4_1", seed=3)
+    x = torch.randn(70, w.shape[1])
+    assert torch.equal(prefill_gemm.gemm(lib, ql.qw(), x, 2, 0), prefill_gemm.gemm(LIB, ql.qw(), x, 2, 0))
+    gate, up = packed_linear("Q4_1", seed=8)[0], packed_linear("Q4_1", seed=9)[0]
+    assert torch.equal(prefill_gemm.glu_with(lib, gate.qw(), up.qw(), x, 2, "silu", 0),
+                       prefill_gemm.glu_with(LIB, gate.qw(), up.qw(), x, 2, "silu", 0))

@@ -6,7 +6,8 @@ cache_seqlens as every backend does, then attends in C; anything else, `--attn s
 backend asked for by name) and NANOCHAT_QGEMM=0 (the exact fp32 path) go to the backend it
 wraps (SDPA). Why: torch's SDPA was ~17% of a one-thread pp512, and its OpenMP split
 collapsed when another program held a core. On AMX the bf16 prefill attends through PyTorch's
-bf16 SDPA instead (prefill_bf16.attend: oneDNN's tiles, 3-4x this kernel's fp32 rate there).
+bf16 SDPA instead (prefill_bf16.attend: oneDNN's tiles, 3-4x this kernel's fp32 rate there);
+without AMX that SDPA is slower than this kernel (Zen 4: 414 against ~130 ms a pp512).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class CpuAttention(Attention):
             v_cache[:, pos:pos + t] = v
             scale = q.shape[-1] ** -0.5
             out = (prefill_bf16.attend(q, k_cache, v_cache, pos, window_size[0], scale)
-                   if prefill_gemm.path(t) == "bf16" else
+                   if prefill_gemm.path(t) == "bf16" and prefill_bf16.amx() else
                    attend(lib, q, k_cache, v_cache, pos, window_size[0], scale, torch.get_num_threads()))
             if out is not None:
                 return out

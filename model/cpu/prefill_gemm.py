@@ -43,7 +43,7 @@ def bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
         lib.qg_gemm.argtypes = [ctypes.c_void_p, ctypes.POINTER(native.QW), ctypes.c_void_p, ctypes.c_int,
                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         lib.qg_simd.restype = ctypes.c_int
-        lib.qg_amx.restype = ctypes.c_int
+        lib.qg_bf16.restype = ctypes.c_int
         lib.qg_gemm_glu.argtypes = [ctypes.c_void_p, ctypes.POINTER(native.QW), ctypes.POINTER(native.QW),
                                     ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                     ctypes.c_int]
@@ -63,7 +63,7 @@ def path(tokens: int | None = None) -> str | None:
     mode = os.environ.get("NANOCHAT_QGEMM", "")
     if mode == "0" or (lib_ := lib()) is None:
         return None
-    if mode == "bf16" or (not mode and prefill_bf16.amx() and (tokens or 0) >= BF16_MIN_TOKENS):
+    if mode == "bf16" or (not mode and (tokens or 0) >= BF16_MIN_TOKENS and (lib_.qg_bf16() or prefill_bf16.amx())):
         return "bf16"
     if mode == "int8":
         return "int8"
@@ -114,7 +114,7 @@ def tiles(qw: native.QW, x: torch.Tensor) -> torch.Tensor | None:
     """x through `qw` on our AMX tile GEMM (qgemm_amx.c: bf16 products, fp32 sums, on the pool);
     None where the build or the CPU has none (oneDNN's bf16 GEMM serves the bf16 path then)."""
     lib_ = lib()
-    return gemm(lib_, qw, x.float(), torch.get_num_threads(), 0) if lib_.qg_amx() else None
+    return gemm(lib_, qw, x.float(), torch.get_num_threads(), 0) if lib_.qg_bf16() else None
 
 
 def stacked(qws: list[native.QW], x: torch.Tensor, biases: list) -> tuple[torch.Tensor, ...] | None:
@@ -122,7 +122,7 @@ def stacked(qws: list[native.QW], x: torch.Tensor, biases: list) -> tuple[torch.
     what a 512-token chunk's small matrices pay most); None elsewhere: the int16 GEMM already
     quantizes a shared input once."""
     if (path(x.numel() // qws[0].cols) != "bf16" or x.dtype != torch.float32 or x.device.type != "cpu"
-            or lib().qg_amx()):   # the tile GEMM takes them one by one, the input converted once
+            or lib().qg_bf16()):   # the tile GEMM takes them one by one, the input converted once
         return None
     return prefill_bf16.stacked(qws, x, biases)
 
@@ -145,7 +145,7 @@ def glu(gate: native.QW, up: native.QW, x: torch.Tensor, act: str) -> torch.Tens
     how = path(x.numel() // gate.cols)
     if how is None or x.dtype != torch.float32 or x.device.type != "cpu" or act not in ACTS:
         return None
-    if how == "bf16" and lib().qg_amx():
+    if how == "bf16" and lib().qg_bf16():
         return glu_with(lib(), gate, up, x, torch.get_num_threads(), act, 0)
     if how == "bf16" and (y := prefill_bf16.glu(gate, up, x, act)) is not None:
         return y

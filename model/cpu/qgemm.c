@@ -451,7 +451,7 @@ static void phase_done(GCtx *c, uint64_t s) {
     pool_open_end(&c->pool, s);
 }
 
-#include "qgemm_amx.c"   /* bits 0: the bf16 tile GEMM on AMX */
+#include "qgemm_bf16.c"   /* bits 0: the bf16 GEMM, on AMX tiles or AVX-512 BF16 */
 
 /* noinline: inlined into gemm_block it cost the GEMM's blocks 12-15% (a Gemma GLU 17.0 -> 19.5 ms) */
 static __attribute__((noinline)) void attn_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
@@ -481,18 +481,18 @@ static __attribute__((noinline)) void bf16_block(GCtx *c, const GPhase *p, int b
 static void publish_block(GCtx *c, const GPhase *p, int b, uint64_t s, const float *out, int rp);
 
 static void gemm_block(GCtx *c, const GPhase *p, int b, int tid, uint64_t s) {
-#ifdef QG_AMX
-    if (p->kind == 2 && p->bits == 0) { amx_input_block(c, p, b, tid, s); return; }
+#ifdef QG_BF16
+    if (p->kind == 2 && p->bits == 0) { bf16_input_block(c, p, b, tid, s); return; }
 #endif
     if (p->kind == 2) { quant_block(c, p, b, tid, s); return; }
     if (p->kind == 4) { bf16_block(c, p, b, tid, s); return; }
     if (p->kind == 3) { attn_block(c, p, b, tid, s); return; }
     const QW *w = &p->w;
     const int r0 = b * p->rb, rows = (r0 + p->rb <= w->rows ? p->rb : w->rows - r0), rp = (rows + QG_R - 1) / QG_R * QG_R;
-#ifdef QG_AMX
+#ifdef QG_BF16
     if (p->bits == 0) {   /* whole 32-row steps */
         const int rp32 = (rows + 31) / 32 * 32;
-        if (amx_block(c, p, b, tid, s, rp32)) publish_block(c, p, b, s, c->scr[tid].out, rp32);
+        if (bf16_gemm_block(c, p, b, tid, s, rp32)) publish_block(c, p, b, s, c->scr[tid].out, rp32);
         return;
     }
 #endif
@@ -640,7 +640,7 @@ int qg_gemm_glu(void *p, const QW *wg, const QW *wu, const float *x, int t, floa
 
 static int gemm_call(GCtx *c, const QW *w, const float *x, int t, float *y, int fresh, int bits, int glu) {
     if (!c || !qg_supports(w) || t < 1 || w->cols > c->k_max || (bits != 8 && bits != 16 && bits != 0)) return -1;
-    if (bits == 0 && (!amx_ready() || w->cols % 32)) return -1;
+    if (bits == 0 && (!qg_bf16() || w->cols % 32)) return -1;
     const int sub = qg_sub(w), tile = bits == 0 ? 32 : QG_R;
     /* rows a block: about 8 blocks a thread, whole kernel tiles, at most QG_RB_MAX */
     int rb = (w->rows + 8 * c->nt - 1) / (8 * c->nt);
@@ -652,7 +652,7 @@ static int gemm_call(GCtx *c, const QW *w, const float *x, int t, float *y, int 
     c->last_t = t;
     c->last_bits = bits;
     for (int t0 = 0; t0 < t; t0 += QG_TMAX) {
-        const int step = bits == 0 ? 2 * QG_TOK : QG_TOK;   /* the tile GEMM: 32 tokens a step */
+        const int step = bits == 0 && amx_ready() ? 2 * QG_TOK : QG_TOK;   /* the tiles: 32 tokens a step */
         const int tn = t - t0 < QG_TMAX ? t - t0 : QG_TMAX, tp = (tn + step - 1) / step * step;
         GPhase ph = {*w, y + (size_t)t0 * w->rows, (w->rows + rb - 1) / rb, rb, tn, tp, 1, bits, NULL, w->cols, sub,
                      glu, ++c->call};
