@@ -138,7 +138,7 @@ static void glu_row_bf16(int act, const uint16_t *g, const uint16_t *u, uint16_t
     for (; j < n; j++) o[j] = f2bf(act_fn(act, bf2f(g[j])) * bf2f(u[j]));
 }
 
-/* y[j] = act(y[j]) * u[j] in fp32: the tile GEMM's GLU (qgemm_amx.c), whose bits, unlike the
+/* y[j] = act(y[j]) * u[j] in fp32: the bf16 GEMM's GLU (qgemm_bf16.c), whose bits, unlike the
    int16 GEMM's, need not match the decode step's act_rows */
 static void glu_rows_fast(int act, float *y, const float *u, int n) {
     int j = 0;

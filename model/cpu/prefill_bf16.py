@@ -1,4 +1,5 @@
-"""The prefill's matmuls in bf16 on AMX: oneDNN's tile GEMM through PyTorch.
+"""The bf16 prefill through PyTorch: its attention on AMX, and its matmuls where our own bf16 GEMM
+(qgemm_bf16.c) does not run (NANOCHAT_QGEMM=bf16 on a CPU without AVX-512 BF16, for tests).
 
 Where the CPU has AMX (Sapphire Rapids and later), `torch.matmul` on bf16 runs oneDNN's tile
 kernels, several times faster than our int16 GEMM (qgemm.c) and PyTorch's fp32 one. A block

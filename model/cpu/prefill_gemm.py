@@ -8,11 +8,12 @@ rounds them, and split into two bytes for VNNI's u8 x s8 products; int8 (llama.c
 France?" off Paris, so it is opt-in (docs/cpu-prefill.md has both errors). The GEMM runs on its
 own pool of threads (dynamic row blocks, waits that sleep), sized by torch's thread count.
 
-Where the CPU has AMX, oneDNN's bf16 tile GEMM is faster still, and `matmul`/`glu` hand the
-matrices to it (model/cpu/prefill_bf16.py).
+Where the CPU has AMX or AVX-512 BF16, the bf16 GEMM (qgemm_bf16.c, on this pool: AMX tiles, or
+VDPBF16PS) is faster still, and `matmul`/`glu` hand the matrices to it; oneDNN's bf16 GEMM
+(model/cpu/prefill_bf16.py) where only oneDNN has AMX.
 
-NANOCHAT_QGEMM: unset: bf16 where the CPU has AMX (chunks of BF16_MIN_TOKENS tokens or more), else
-the int16 GEMM where the kernels have AVX-512 VNNI; 1: the int16 GEMM on any build (the portable C
+NANOCHAT_QGEMM: unset: bf16 where the CPU has AMX or AVX-512 BF16 (chunks of BF16_MIN_TOKENS tokens
+or more), else the int16 GEMM where the kernels have AVX-512 VNNI; 1: the int16 GEMM on any build (the portable C
 path, for tests); int8: the GEMM with int8 activations; bf16: the bf16 path on any CPU; 0: off
 (the exact fp32 prefill).
 """
@@ -50,7 +51,8 @@ def bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
     return lib
 
 
-# Below this many tokens the int16 GEMM wins on AMX too: the bf16 path pays ~100 ms a prefill
+# Below this many tokens the int16 GEMM wins on AMX too (on Zen 4's VDPBF16PS the two are level
+# below ~100 tokens, within this machine's noise): the bf16 path pays ~100 ms a prefill
 # whatever its length (every PyTorch op wakes sleeping OpenMP threads, ~150 us each here, and each
 # matrix is dequantized again), so a chat turn's 40 tokens took 170 ms against 70. Crossover,
 # fresh cache, 2 threads: ~300 tokens on SmolLM2, ~190 on Gemma 3 270M.
@@ -58,7 +60,7 @@ BF16_MIN_TOKENS = 288
 
 
 def path(tokens: int | None = None) -> str | None:
-    """The GEMM a prefill of `tokens` rows takes for its block matmuls: "bf16" (AMX), "int16" or
+    """The GEMM a prefill of `tokens` rows takes for its block matmuls: "bf16", "int16" or
     "int8" (qgemm.c), or None (PyTorch's fp32 GEMM on the dequantized matrix)."""
     mode = os.environ.get("NANOCHAT_QGEMM", "")
     if mode == "0" or (lib_ := lib()) is None:
@@ -111,7 +113,7 @@ def matmul(qw: native.QW, x: torch.Tensor, bias: torch.Tensor | None = None) -> 
 
 
 def tiles(qw: native.QW, x: torch.Tensor) -> torch.Tensor | None:
-    """x through `qw` on our AMX tile GEMM (qgemm_amx.c: bf16 products, fp32 sums, on the pool);
+    """x through `qw` on our bf16 GEMM (qgemm_bf16.c: bf16 products, fp32 sums, on the pool);
     None where the build or the CPU has none (oneDNN's bf16 GEMM serves the bf16 path then)."""
     lib_ = lib()
     return gemm(lib_, qw, x.float(), torch.get_num_threads(), 0) if lib_.qg_bf16() else None
