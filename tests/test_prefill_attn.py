@@ -1,7 +1,8 @@
 """The CPU prefill's causal attention in C (model/cpu/prefill_attn.c): it equals a float64
 softmax over the same fp16 cache within a stated bound, on every build (AVX-512, portable C,
-clang); any thread count gives the same bits; and a Gemma prefill through it (sliding windows,
-GQA, q/k norms, a cache already holding a turn) follows the fp32 reference."""
+clang); any thread count gives the same bits; its bf16 products (the bf16 prefill's) are within
+bf16's rounding of it; and a Gemma prefill through it (sliding windows, GQA, q/k norms, a cache
+already holding a turn) follows the fp32 reference."""
 
 from __future__ import annotations
 
@@ -79,6 +80,41 @@ def test_shapes_the_kernel_does_not_serve_return_none(builds):
     lib = builds["default"]
     q, kc, vc = case(4, 0, 2, 2, 24)   # head_dim not a multiple of 16
     assert prefill_attn.attend(lib, q, kc, vc, 0, -1, 0.2, 2) is None
+
+
+# bf16 q, k, softmax weights and v: each rounding is within 2^-9 of its value, so an output, a
+# weighted mean of unit-scale values, moves by a few 1e-3 (seen: up to 9e-3 at 512 keys)
+BF16_BOUND = 0.03
+BF16_SHAPES = [s for s in SHAPES if s[4] % 32 == 0] + [(40, 300, 16, 8, 128, -1)]
+
+
+def bf16_builds(builds: dict) -> dict:
+    """The builds whose kernels have the bf16 products (AVX-512 BF16): the default and clang's here."""
+    q, kc, vc = case(2, 0, 1, 1, 32)
+    return {n: lib for n, lib in builds.items() if prefill_attn.attend(lib, q, kc, vc, 0, -1, 1.0, 1, True) is not None}
+
+
+@pytest.mark.parametrize("shape", BF16_SHAPES)
+def test_bf16_attention_is_the_float64_softmax_within_bf16s_rounding(builds, shape):
+    """The bf16 prefill's attention: keys no query may see (the future, before every window) hold
+    huge values, so a key seen by mistake would show far past the bound."""
+    libs = bf16_builds(builds)
+    if not libs:
+        pytest.skip("no AVX-512 BF16 on this CPU or build")
+    t, pos, hq, hk, d, wl = shape
+    q, kc, vc = case(t, pos, hq, hk, d, seed=5)
+    qp, kp = torch.arange(pos, pos + t)[:, None], torch.arange(pos + t)[None]
+    unseen = ~((kp <= qp) & ((kp >= qp - wl) if wl >= 0 else True)).any(0)
+    vc[:, :pos + t][:, unseen] = 1e4
+    vc[:, pos + t:] = 1e4   # the rows past the chunk (the cache's free room)
+    want = reference(q, kc, vc, pos, wl, d ** -0.5)
+    for name, lib in libs.items():
+        got = [prefill_attn.attend(lib, q, kc, vc, pos, wl, d ** -0.5, n, True) for n in (1, 2, 3)]
+        assert all(torch.equal(got[0], g) for g in got[1:]), name   # the same bits on any thread count
+        err = (got[0].double() - want).abs().max().item()
+        assert err <= BF16_BOUND, name
+        assert err > BOUND, name   # the products really are bf16 (the fp32 kernel is within 2e-5)
+    assert prefill_attn.attend(libs["default"], *case(4, 0, 2, 2, 48), 0, -1, 0.2, 2, True) is None   # d % 32
 
 
 def test_a_gemma_chat_prefills_through_it_and_follows_the_reference(tmp_path, home, monkeypatch):

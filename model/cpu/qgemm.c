@@ -683,11 +683,12 @@ static void run_phase(GCtx *c, GPhase ph) {
 
 /* o (t x hq x d) = causal softmax(q k^T * scale) v for the t queries at positions pos.. over the
    fp16 cache rows [0, pos + t) (already written), each query seeing keys [q - wl, q] (wl -1: all):
-   a layer's prefill attention. Returns 0, or -1 (the caller runs PyTorch's). */
+   a layer's prefill attention; bf16 1: the products in bf16 (prefill_attn.c). Returns 0, or -1 (the caller
+   runs PyTorch's). */
 int qg_attention(void *p, const float *q, const uint16_t *kc, const uint16_t *vc, int t, int pos, int hq, int hk,
-                 int d, int wl, float scale, float *o) {
+                 int d, int wl, float scale, float *o, int bf16) {
     GCtx *c = p;
-    AttnJob J = {q, o, kc, vc, t, pos, hq, hk, d, wl, scale};
+    AttnJob J = {q, o, kc, vc, t, pos, hq, hk, d, wl, scale, bf16};
     if (!c || !attn_supports(&J)) return -1;
     GPhase ph = {0};
     ph.kind = 3;
