@@ -2,11 +2,11 @@
 
     python -m chatapp.bench.prefill_agreement FILE.gguf [FILE.gguf ...]
     NANOCHAT_QGEMM=int8 python -m chatapp.bench.prefill_agreement ...   # int8 activations
-    NANOCHAT_QGEMM=1 python -m chatapp.bench.prefill_agreement ...      # int16 (the default without AMX)
+    NANOCHAT_QGEMM=1 python -m chatapp.bench.prefill_agreement ...      # int16 (the default without bf16)
 
 For each file: 512 teacher-forced tokens of ordinary prose (tests/data/ordinary_text.txt) in
 one prefill through the CPU's default path, whose layers run the integer GEMM (qgemm.c) or, where
-the CPU has AMX, the bf16 one (prefill_bf16.py), and
+the CPU has AMX or AVX-512 BF16, the bf16 one (qgemm_bf16.c), and
 in one forward through the same file dequantized exactly to fp32. Every position's logits
 come from the head's int16 row kernel, as the last position's do in the app (`GEMM head` also
 reports the head through the GEMM). Prints the share of positions where both pick the same
