@@ -47,6 +47,30 @@ def exact_prefill(monkeypatch):
     monkeypatch.setenv("NANOCHAT_QGEMM", "0")
 
 
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+@pytest.mark.skipif(not cpu_flags(), reason="no /proc/cpuinfo flags to compare with")
+def test_the_default_build_has_every_simd_path_this_cpu_can_run():
+    """A compile error under -march=native is not fatal: the library falls back to the next flags
+    (no -march), and only speed shows it. So the default build must have the SIMD paths the CPU
+    reports: AVX2 decode, the AVX-512 VNNI GEMM, the AVX-512 BF16 prefill."""
+    from model.cpu import prefill_gemm
+
+    flags, lib = cpu_flags(), prefill_gemm.lib()
+    if {"avx2", "fma", "f16c"} <= flags:
+        assert lib.qd_simd() == 1
+    if {"avx512f", "avx512bw", "avx512_vnni"} <= flags:
+        assert lib.qg_simd() == 2
+    if "avx512_bf16" in flags:
+        assert lib.qg_bf16() in (1, 2)
+
+
 @pytest.fixture(scope="module")
 def portable() -> ctypes.CDLL:
     """The kernels built without -march=native: the plain C path other CPUs run."""
