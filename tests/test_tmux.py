@@ -27,7 +27,8 @@ def test_chat_reset_and_quit_in_a_real_terminal(tui):
     tui.type("hello there")
     tui.press("Enter")
     tui.wait_for(r"speed\s+[\d.]+ tok/s")  # the panel saw the turn end (its turns row is below the fold here)
-    screen = tui.capture()
+    # the transcript may be drawn a frame after the panel: wait for the reply's end, then read it
+    screen = tui.wait_for(r"cut at max_new_tokens").string
     assert "hello there" in screen and "assistant" in screen and "cut at max_new_tokens" in screen
     seqlens = int(tui.wait_for(r"cache_seqlens\s+(\d+) / 2048").group(1))
     assert seqlens > 24
