@@ -4,7 +4,7 @@ within bf16's three roundings; its GLU pairs the product's columns as the gate a
 applies the model's activation; a prefill through it and then the C decode step stay within
 bf16's error of the fp32 reference over two turns on one cache; and it is the default prefill
 exactly where the CPU has a bf16 GEMM (AMX, or AVX-512 BF16 for ours), for chunks of at least
-BF16_MIN_TOKENS tokens.
+bf16_min_tokens() tokens (288 on AMX, 64 on VDPBF16PS).
 NANOCHAT_QGEMM=bf16 runs it on any CPU (oneDNN without AMX), so CI tests it wherever it runs."""
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ def test_the_bf16_glu_is_the_activation_of_the_gate_times_the_up(act):
 def test_the_default_prefill_is_bf16_exactly_where_the_cpu_has_a_bf16_gemm(monkeypatch):
     monkeypatch.delenv("NANOCHAT_QGEMM", raising=False)
     assert (prefill_gemm.path(512) == "bf16") == bool(prefill_gemm.lib().qg_bf16() or prefill_bf16.amx())
-    assert prefill_gemm.path(prefill_gemm.BF16_MIN_TOKENS - 1) != "bf16"   # a chat turn: the int16 GEMM
+    assert prefill_gemm.path(prefill_gemm.bf16_min_tokens() - 1) != "bf16"   # a short chat turn: the int16 GEMM
+    assert prefill_gemm.bf16_min_tokens() == (64 if prefill_gemm.lib().qg_bf16() == 2 else 288)
     for mode, want in (("bf16", "bf16"), ("1", "int16"), ("int8", "int8"), ("0", None)):
         monkeypatch.setenv("NANOCHAT_QGEMM", mode)
         assert prefill_gemm.path() == want

@@ -12,10 +12,10 @@ Where the CPU has AMX or AVX-512 BF16, the bf16 GEMM (qgemm_bf16.c, on this pool
 VDPBF16PS) is faster still, and `matmul`/`glu` hand the matrices to it; oneDNN's bf16 GEMM
 (model/cpu/prefill_bf16.py) where only oneDNN has AMX.
 
-NANOCHAT_QGEMM: unset: bf16 where the CPU has AMX or AVX-512 BF16 (chunks of BF16_MIN_TOKENS tokens
-or more), else the int16 GEMM where the kernels have AVX-512 VNNI; 1: the int16 GEMM on any build (the portable C
-path, for tests); int8: the GEMM with int8 activations; bf16: the bf16 path on any CPU; 0: off
-(the exact fp32 prefill).
+NANOCHAT_QGEMM: unset: bf16 where the CPU has AMX or AVX-512 BF16 (chunks of bf16_min_tokens()
+tokens or more: 288 on AMX, 64 on VDPBF16PS), else the int16 GEMM where the kernels have AVX-512
+VNNI; 1: the int16 GEMM on any build (the portable C path, for tests); int8: the GEMM with int8
+activations; bf16: the bf16 path on any CPU; 0: off (the exact fp32 prefill).
 """
 
 from __future__ import annotations
@@ -51,12 +51,18 @@ def bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
     return lib
 
 
-# Below this many tokens the int16 GEMM wins on AMX too (on Zen 4's VDPBF16PS the two are level
-# below ~100 tokens, within this machine's noise): the bf16 path pays ~100 ms a prefill
-# whatever its length (every PyTorch op wakes sleeping OpenMP threads, ~150 us each here, and each
-# matrix is dequantized again), so a chat turn's 40 tokens took 170 ms against 70. Crossover,
-# fresh cache, 2 threads: ~300 tokens on SmolLM2, ~190 on Gemma 3 270M.
-BF16_MIN_TOKENS = 288
+# Below this many tokens the int16 GEMM wins on AMX: there the bf16 path attends through PyTorch's
+# SDPA, and with oneDNN's GEMM it paid ~100 ms a prefill whatever its length (every PyTorch op
+# wakes sleeping OpenMP threads, ~150 us each, and each matrix was dequantized again): a chat
+# turn's 40 tokens took 170 ms against 70; crossover ~300 tokens on SmolLM2, ~190 on Gemma 3 270M.
+# On VDPBF16PS (no AMX) everything runs on our pool, and bf16 led from 64 tokens up (SmolLM2, 2
+# threads, alternating: pp64 509-642 against 337-463 tok/s, pp128 545-848 against 547-639).
+BF16_MIN_TOKENS = {1: 288, 2: 64}   # by qg_bf16(): 1 AMX tiles, 2 VDPBF16PS; oneDNN's AMX alone: 288
+
+
+def bf16_min_tokens(lib_: ctypes.CDLL | None = None) -> int:
+    """The shortest chunk the default path prefills in bf16 here."""
+    return BF16_MIN_TOKENS.get((lib_ or lib()).qg_bf16(), 288)
 
 
 def path(tokens: int | None = None) -> str | None:
@@ -65,7 +71,8 @@ def path(tokens: int | None = None) -> str | None:
     mode = os.environ.get("NANOCHAT_QGEMM", "")
     if mode == "0" or (lib_ := lib()) is None:
         return None
-    if mode == "bf16" or (not mode and (tokens or 0) >= BF16_MIN_TOKENS and (lib_.qg_bf16() or prefill_bf16.amx())):
+    bf16_here = bool(lib_.qg_bf16() or prefill_bf16.amx())
+    if mode == "bf16" or (not mode and bf16_here and (tokens or 0) >= bf16_min_tokens(lib_)):
         return "bf16"
     if mode == "int8":
         return "int8"
