@@ -145,14 +145,12 @@ static void rows_bf16(const uint16_t *c, int j0, int n, int n8, int hk, int kv, 
 }
 
 /* v rows [n8][d] bf16 -> [n8 / 2][d] pairs: dim i of keys 2jj and 2jj + 1 side by side */
+static const int16_t KEYS_LO[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                    8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+static const int16_t KEYS_HI[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                    24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
 static void key_pairs(const uint16_t *v, int n8, int d, uint16_t *out) {
-    __m512i lo_idx, hi_idx;
-    {
-        int16_t a[32], b[32];
-        for (int m = 0; m < 16; m++) { a[2 * m] = m; a[2 * m + 1] = 32 + m; b[2 * m] = 16 + m; b[2 * m + 1] = 48 + m; }
-        lo_idx = _mm512_loadu_si512(a);
-        hi_idx = _mm512_loadu_si512(b);
-    }
+    const __m512i lo_idx = _mm512_loadu_si512(KEYS_LO), hi_idx = _mm512_loadu_si512(KEYS_HI);
     for (int jj = 0; jj < n8 / 2; jj++)
         for (int i = 0; i < d; i += 32) {
             const __m512i r0 = _mm512_loadu_si512(v + (size_t)(2 * jj) * d + i), r1 = _mm512_loadu_si512(v + (size_t)(2 * jj + 1) * d + i);
