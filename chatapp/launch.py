@@ -29,7 +29,7 @@ from chatapp.pull.resolve import resolve
 from chatapp.store.database import ChatStore, data_home
 from chatapp.store.records import StoreError
 from kvcache.attention import available_backends
-from model.cpu import native, prefill_gemm
+from model.cpu import native
 from model.cpu.threads import use_threads
 from model.errors import UserError
 from model.limits import cache_room, fitting_context
@@ -79,7 +79,7 @@ def native_note(args: argparse.Namespace) -> str | None:
     if args.dtype != "auto" or not on_cpu:
         return None
     if native.library() is not None:
-        return native.portable_note() or prefill_gemm.note()
+        return native.portable_note()
     return (f"nanochat-tui: note: CPU kernels unavailable ({native.why_not()}); quantized models run "
             "dequantized to fp32 (slower, more memory)")
 
@@ -128,8 +128,6 @@ def open_session(args: argparse.Namespace, progress=None, warn: Warn | None = No
     use_threads(getattr(args, "threads", None))
     config = config or load_config()
     settings = settings_from(args, config)
-    if note := native_note(args):
-        (warn or to_stderr)(note)
     if args.model is not None and not args.model.strip():
         raise FlagError("--model is empty; leave it out for the default model")
     named = resolve(args.model if args.model is not None else config.model, progress=progress)
@@ -142,11 +140,15 @@ def open_session(args: argparse.Namespace, progress=None, warn: Warn | None = No
                             f"using its {lm.context_length}")
     context = args.context or fitting(lm, warn or to_stderr)
     try:
-        return Session(lm, settings, context=context)
+        session = Session(lm, settings, context=context)
     except (MemoryError, OSError, RuntimeError) as e:  # the cache did not fit after all
         size = min(context or lm.context_length, lm.context_length)
         raise UserError(f"cannot allocate a {size:,}-token KV cache for {lm.name} ({e}); "
                         "try a smaller --context") from None
+    # Said once the chat is ready, so an error before it stays the only line on stderr.
+    if note := native_note(args):
+        (warn or to_stderr)(note)
+    return session
 
 
 def fitting(lm, warn: Warn) -> int | None:

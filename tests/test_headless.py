@@ -165,3 +165,18 @@ def test_a_reader_that_goes_away_ends_the_run_quietly():
     _, err = p.communicate(b"hello\nhello again\n", timeout=120)
     assert p.returncode == 1
     assert b"Traceback" not in err and b"BrokenPipe" not in err
+
+
+def test_a_cpu_without_simd_gets_one_note_and_errors_stay_one_line():
+    """The portable build (what a CPU without AVX2 compiles) says so once, when the chat is ready;
+    an error before that is still the only line on stderr."""
+    env = {**os.environ, "NANOCHAT_NATIVE": "portable", "PYTHONIOENCODING": "utf-8"}
+    p = subprocess.run(BASE + ["--max-new-tokens", "4"], input=b"hi\n", capture_output=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr.decode()
+    assert p.stderr.decode() == ("nanochat-tui: note: CPU kernels built without SIMD (NANOCHAT_NATIVE=portable); "
+                                 "decode runs the portable C path (slower)\n")
+    assert [json.loads(line)["event"] for line in p.stdout.decode().splitlines()] == ["ready", "turn"]
+    p = subprocess.run(BASE + ["--context", "40"], input=b"hi\n", capture_output=True, timeout=300, env=env)
+    err = p.stderr.decode().strip()
+    assert p.returncode == 1 and err.startswith("nanochat-tui: error: the system prompt leaves no room"), err
+    assert "\n" not in err

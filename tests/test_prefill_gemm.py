@@ -188,15 +188,3 @@ def test_a_chat_with_retry_and_undo_matches_the_reference_over_the_gemm_prefill(
             list(sess.send(text) if kind == "send" else ChatKeeper(sess, None).run_command(text))
         assert s.tokens == r.tokens and s.cache.seqlen == r.cache.seqlen
         assert_invariant(s, atol=5e-2, rtol=2e-2)   # fp16; int8 activations on the K-quant rows
-
-
-def test_an_avx2_cpu_without_vnni_says_in_one_line_that_the_prefill_is_fp32(builds):
-    """An AVX2 build without AVX-512 (what such a CPU compiles) has no GEMM kernel: one note;
-    the VNNI and portable builds say nothing here (the portable one has its own note)."""
-    avx2 = native.build(["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread"])
-    assert avx2 is not None and avx2.qd_simd() == 1 and prefill_gemm.bind(avx2).qg_simd() == 0
-    assert prefill_gemm.note(avx2) == ("nanochat-tui: note: this CPU has no AVX-512 VNNI; long prompts prefill "
-                                       "through PyTorch's fp32 GEMM (slower)")
-    assert prefill_gemm.note(builds["portable"]) is None
-    if builds["default"].qg_simd() == 2:
-        assert prefill_gemm.note(builds["default"]) is None

@@ -88,16 +88,6 @@ def activation_bits() -> int:
     return 8 if os.environ.get("NANOCHAT_QGEMM", "") == "int8" else 16
 
 
-def note(lib_: ctypes.CDLL | None = None) -> str | None:
-    """One line when SIMD kernels run but the prefill cannot use the GEMM (AVX2 without AVX-512
-    VNNI), else None (the portable build has its own note, native.portable_note)."""
-    lib_ = bind(lib_ or native.library())
-    if lib_ is None or os.environ.get("NANOCHAT_QGEMM", "") or not lib_.qd_simd() or lib_.qg_simd() == 2:
-        return None
-    return ("nanochat-tui: note: this CPU has no AVX-512 VNNI; long prompts prefill through PyTorch's fp32 GEMM "
-            "(slower)")
-
-
 def _version(x: torch.Tensor) -> int:
     """x's version counter (in-place writes bump it); inference tensors have none, and are
     never written in place by the forward: 0."""
