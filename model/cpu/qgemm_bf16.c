@@ -20,7 +20,9 @@
  * Each step multiplies 32 tokens by 32 weight rows (2 x 2 tiles); the AVX-512 kernel holds
  * 8 tokens x 32 rows of sums in 16 registers.
  */
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(QB_BF16) && defined(__linux__)
+/* gcc names the AMX macros __AMX_TILE__ / __AMX_BF16__; clang 14 (Debian 12's, as in CI) __AMXTILE__ / __AMXBF16__ */
+#if (defined(__AMX_TILE__) || defined(__AMXTILE__)) && (defined(__AMX_BF16__) || defined(__AMXBF16__)) && \
+    defined(QB_BF16) && defined(__linux__)
 #define QG_AMX 1
 #include <sys/syscall.h>
 #include <unistd.h>
