@@ -10,7 +10,6 @@ import torch
 from model.cpu import native, prefill_ops
 from model.families.gemma import GemmaRMSNorm
 from model.families.layers import RMSNorm, apply_rotary
-from model.loading.quantized import native_norm
 
 pytestmark = pytest.mark.skipif(prefill_ops.lib() is None, reason=f"CPU kernels unavailable: {native.why_not()}")
 
@@ -42,7 +41,7 @@ def test_the_quantized_loaders_norms_are_within_two_ulp_of_float64(cls):
     with torch.no_grad():
         norm.weight.normal_(0, 0.5)
         x = torch.randn(1, 65, 200) * 7
-        norm.__class__ = native_norm(cls)
+        norm.__class__ = prefill_ops.native_norm(cls)
         got = norm(x)
         assert torch.equal(got, prefill_ops.rms_norm(x, norm.weight, norm.eps, gemma))   # the C pass served it
         assert torch.equal(norm(x.double()), cls.forward(norm, x.double()))   # not fp32: PyTorch's

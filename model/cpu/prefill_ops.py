@@ -1,6 +1,6 @@
 """A prefill's RMSNorms and rotary embedding in C (prefill_ops.c), on the calling thread.
 
-`rms_norm` serves the norms the quantized CPU loader marks (model/loading/quantized.py): within
+`rms_norm` serves the norms the quantized CPU loader marks `NativeNorm` (model/loading/quantized.py): within
 an ulp or two of PyTorch's (the sum of squares in another order), so the fp32 reference keeps
 PyTorch's. `rotary` gives PyTorch's apply_rotary bits exactly (each product rounded, no fused
 multiply-add), so it serves any fp32 prefill on the CPU. None: not here (the caller runs PyTorch).
@@ -9,8 +9,10 @@ multiply-add), so it serves any fp32 prefill on the CPU. None: not here (the cal
 from __future__ import annotations
 
 import ctypes
+from functools import cache
 
 import torch
+import torch.nn as nn
 
 from model.cpu import native
 
@@ -70,3 +72,17 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     lib_.qp_rotary(xc.data_ptr(), y.data_ptr(), c.data_ptr(), s.data_ptr(), t, h, d,
                    stride if inner and not x.is_contiguous() else h * d)
     return y
+
+
+class NativeNorm(nn.Module):
+    """Mixed in before a family's RMSNorm (any class with weight, eps and one_plus_weight): an fp32
+    input in one C pass, within an ulp or two of PyTorch's six (rms_norm above)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = rms_norm(x, self.weight, self.eps, gemma=self.one_plus_weight)
+        return super().forward(x) if y is None else y
+
+
+@cache
+def native_norm(cls: type) -> type:
+    return type(f"Native{cls.__name__}", (NativeNorm, cls), {})

@@ -143,7 +143,7 @@ class GemmaRMSNorm(RMSNorm):
     """x / rms(x) * (1 + weight), all in fp32 and rounded to x's dtype once at the end
     (Llama rounds before the weight; Gemma after, which matters in bf16)."""
 
-    one_plus_weight = True   # for a native twin (model/loading/quantized.py: native_norm)
+    one_plus_weight = True   # for a native twin (model/cpu/prefill_ops.py: native_norm)
 
     def __init__(self, dim: int, eps: float):
         super().__init__(dim, eps, init=0.0)

@@ -8,15 +8,14 @@ dequantized on load, exactly, and the model is the plain one.
 
 from __future__ import annotations
 
-from functools import cache
-
 import torch
 import torch.nn as nn
 
 from kvcache import Attention
-from model.cpu import file_blocks, prefill_ops
+from model.cpu import file_blocks
 from model.cpu.blocks import Q4, Q8
 from model.cpu.prefill_attn import CpuAttention
+from model.cpu.prefill_ops import NativeNorm, native_norm
 from model.cpu.qlinear import QEmbedding, QLinear
 from model.errors import ModelLoadError
 
@@ -75,20 +74,6 @@ def _qlinear(base: str, parts: dict[str, torch.Tensor], where: str) -> QLinear:
 def dequantized(packed: dict[str, QLinear]) -> dict[str, torch.Tensor]:
     """Exact fp32 weights: the reference path (`--dtype float32`) and the GPU's."""
     return {base: ql.rows(None) for base, ql in packed.items()}
-
-
-class NativeNorm(nn.Module):
-    """Mixed in before a family's RMSNorm (any class with weight, eps and one_plus_weight): an fp32
-    input in one C pass, within an ulp or two of PyTorch's six (model/cpu/prefill_ops.py)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = prefill_ops.rms_norm(x, self.weight, self.eps, gemma=self.one_plus_weight)
-        return super().forward(x) if y is None else y
-
-
-@cache
-def native_norm(cls: type) -> type:
-    return type(f"Native{cls.__name__}", (NativeNorm, cls), {})
 
 
 def install(model: nn.Module, packed: dict[str, QLinear], raw: dict[str, torch.Tensor]) -> None:
