@@ -15,7 +15,7 @@ from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.keeper.keeper import ChatKeeper
 from chatapp.keeper.models import DEFAULT, RECENT_FILE, choices, remember
-from chatapp.keeper.reopen import archived, rendered_conversation
+from chatapp.keeper.reopen import rendered_conversation, trimmed_exchanges
 from chatapp.store.database import ChatStore
 from chatapp.store.identity import Fingerprint
 from chatapp.store.snapshots import scan
@@ -49,7 +49,7 @@ def fresh_reply(lm, chat, message: str, context=None) -> str:
     """A session that never saw the old model: the stored chat's text rendered and prefilled on `lm`."""
     s = Session(lm, Settings(**SETTINGS), context=context)
     tokens, exchanges = rendered_conversation(s, chat)
-    s.adopt(tokens, exchanges, archived(chat))
+    s.adopt(tokens, exchanges, trimmed_exchanges(chat))
     s.gen.prefill(tokens)
     return next(e for e in s.send(message) if isinstance(e, TurnStats)).reply
 

@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.keeper.keeper import ChatKeeper
-from chatapp.keeper.reopen import archived, stored_conversation
+from chatapp.keeper.reopen import stored_conversation, trimmed_exchanges
 from chatapp.store.database import ChatStore
 from model.loading import load_model
 
@@ -103,7 +103,7 @@ class ChatMachine(RuleBasedStateMachine):
         assert tokens == s.tokens
         assert [(e.user, e.reply, e.start, e.reply_start, e.end) for e in exchanges] == \
             [(e.user, e.reply, e.start, e.reply_start, e.end) for e in s.exchanges]
-        assert [(e.user, e.reply) for e in archived(chat)] == [(e.user, e.reply) for e in s.trimmed]
+        assert [(e.user, e.reply) for e in trimmed_exchanges(chat)] == [(e.user, e.reply) for e in s.trimmed]
         assert chat.system == s.system and chat.cache_seqlens == s.cache.seqlen
         assert chat.settings == {**s.settings.__dict__}
 

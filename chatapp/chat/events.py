@@ -139,7 +139,7 @@ class Ready:
     /stats figures, then what the keeper says of the chat (store, chat id, title, restore)."""
 
     figures: dict
-    chat: dict = field(default_factory=dict)
+    stored: dict = field(default_factory=dict)   # the keeper's ready_fields(): store, chat id, title, restore
     event: str = "ready"
 
 
@@ -258,7 +258,7 @@ Event = (TextDelta | ToolCall | TurnStats | Trimmed | CacheState | Info | Error 
 
 def to_json(ev: Event) -> dict:
     if isinstance(ev, Ready):  # flat, as its line has always been
-        return {"event": ev.event, **ev.figures, **ev.chat}
+        return {"event": ev.event, **ev.figures, **ev.stored}
     d = dataclasses.asdict(ev)
     d = {"event": d.pop("event"), **d}
     if isinstance(ev, (TurnStats,)):

@@ -24,7 +24,7 @@ from chatapp.store.snapshots import load_chain, plan_chain, scan
 def stored_messages(s: Session) -> list[StoredMessage]:
     """The chat as the store keeps it: trimmed exchanges as text only, the rest with their ids."""
     msgs = []
-    for ex in s.trimmed:  # trimmed out of the context: text only, no token ids (`archived`)
+    for ex in s.trimmed:  # trimmed out of the context: text only, no token ids (`trimmed_exchanges`)
         msgs.append(StoredMessage("user", ex.user, []))
         msgs.append(StoredMessage("assistant", ex.reply, [], [dataclasses.asdict(c) for c in ex.tool_calls], ex.stop))
     for ex in s.exchanges:
@@ -59,7 +59,7 @@ def ids_fit(tokens: list[int], vocab_size: int) -> bool:
     return all(type(t) is int and 0 <= t < vocab_size for t in tokens)
 
 
-def archived(record: ChatRecord) -> list[Exchange]:
+def trimmed_exchanges(record: ChatRecord) -> list[Exchange]:
     """The exchanges a trim took out of the context: stored with their text and no token ids."""
     return [Exchange(u.content, -1, -1, -1, a.content, [ToolCall(**c) for c in a.tool_calls])
             for u, a in pairs(record.messages) if not u.token_ids and not a.token_ids]
@@ -156,7 +156,7 @@ def restore(session: Session, record: ChatRecord, identity: ModelIdentity, folde
         raise StoreError(f"chat {record.id} holds {target} tokens, more than this cache's {session.cache.capacity} "
                          f"({session.room_hint()})")
     apply_settings(session, record)
-    session.adopt(tokens, exchanges, archived(record))
+    session.adopt(tokens, exchanges, trimmed_exchanges(record))
     give_stops(session, record)
     n, why = 0, note
     if folder is not None and not note:

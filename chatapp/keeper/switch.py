@@ -27,7 +27,7 @@ from chatapp.chat.events import Event, Info
 from chatapp.chat.session import Session
 from chatapp.chat.trim import reprefill
 from chatapp.keeper.models import DEFAULT
-from chatapp.keeper.reopen import archived, rendered_conversation, stored_messages
+from chatapp.keeper.reopen import rendered_conversation, stored_messages, trimmed_exchanges
 from chatapp.pull.fetch import DEFAULT as DEFAULT_MODEL
 from chatapp.pull.fetch import ensure_default_model
 from chatapp.pull.resolve import resolve
@@ -50,7 +50,7 @@ def one_line(e: BaseException) -> str:
 
 
 def conversation_text(s: Session, system: str) -> ChatRecord:
-    """The chat as text for `rendered_conversation` / `archived`: what the store would hold."""
+    """The chat as text for `rendered_conversation` / `trimmed_exchanges`: what the store would hold."""
     return ChatRecord("", s.lm.name, "", "", {}, system, [], 0, stored_messages(s))
 
 
@@ -61,7 +61,7 @@ def carried(old: Session, lm: LoadedModel, spec: str | None = None) -> tuple[Ses
     new = Session(lm, dataclasses.replace(old.settings, model=spec), context=old.context)
     text = conversation_text(old, new.system)
     tokens, exchanges = rendered_conversation(new, text)
-    new.adopt(tokens, exchanges, archived(text))
+    new.adopt(tokens, exchanges, trimmed_exchanges(text))
     return new, sum(t.dropped_exchanges for t in new.fit())
 
 
