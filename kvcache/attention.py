@@ -52,10 +52,11 @@ class Attention:
 
     @property
     def name(self) -> str:
-        """The backends that actually ran, e.g. 'fa3' or 'fa3+sdpa' (windowed layers)."""
+        """The backends that actually ran, e.g. 'fa3' or 'fa3+sdpa' (windowed layers); 'c': a
+        quantized CPU model's own kernels (model/cpu/prefill_attn.py)."""
         if not self.used:
             return self.flash.name if self.flash else "sdpa"
-        return "+".join(sorted(self.used, key=("fa3", "fa2", "triton", "sdpa").index))
+        return "+".join(sorted(self.used, key=("fa3", "fa2", "triton", "c", "sdpa").index))
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                  cache: KVCache, layer_idx: int, causal: bool = True,

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.keeper.keeper import ChatKeeper
-from model.cpu import native
+from model.cpu import native, prefill_gemm
 from model.cpu.blocks import BLOCK_TYPES, dequantize
 from model.cpu.qlinear import QLinear
 from model.cpu.step import CpuStep
@@ -60,8 +60,6 @@ def test_the_default_build_has_every_simd_path_this_cpu_can_run():
     """A compile error under -march=native is not fatal: the library falls back to the next flags
     (no -march), and only speed shows it. So the default build must have the SIMD paths the CPU
     reports: AVX2 decode, the AVX-512 VNNI GEMM, the AVX-512 BF16 prefill."""
-    from model.cpu import prefill_gemm
-
     flags, lib = cpu_flags(), prefill_gemm.lib()
     if {"avx2", "fma", "f16c"} <= flags:
         assert lib.qd_simd() == 1
@@ -138,6 +136,22 @@ def test_quantized_model_keeps_the_file_and_an_fp16_cache(mixed_gguf, home):
         a = q.model(ids, q.model.new_cache(64))[0]
         b = ref.model(ids, ref.model.new_cache(64))[0]
     assert (a - b).abs().max().item() <= 2e-3 * b.abs().max().item()
+
+
+def test_the_backend_says_c_where_our_kernels_attend(mixed_gguf, home):
+    """The panel's and a turn's `backend`: the quantized model decodes (and, with the prefill GEMM,
+    prefills) with attention in C, so it must not read SDPA; the fp32 reference's is SDPA's."""
+    from chatapp.chat.session import Session
+    from chatapp.chat.settings import Settings
+
+    q, ref = both(mixed_gguf)
+    sessions = [Session(lm, Settings(temperature=0.0, max_new_tokens=4), context=128) for lm in (q, ref)]
+    for s in sessions:
+        list(s.send("hello world"))
+    names = [s.stats()["backend"] for s in sessions]
+    assert "c" in names[0].split("+") and names[1] == "sdpa", names
+    if prefill_gemm.enabled():   # the prefill attended in C too (no chunk reached the bf16 path's SDPA)
+        assert names[0] == "c", names
 
 
 def test_cpu_step_follows_the_reference_through_retry_and_undo(mixed_gguf, home):

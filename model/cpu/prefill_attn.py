@@ -49,7 +49,9 @@ def attend(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 
 
 class CpuAttention(Attention):
-    """The wrapped Attention's backend choice, with the CPU prefill's attention in front of it."""
+    """The wrapped Attention's backend choice, with the CPU prefill's attention in front of it.
+    It records what ran, so the panel and a turn's JSON say 'c' for ours (the C decode step
+    records it too) and 'sdpa' for oneDNN's bf16 SDPA or the fallback."""
 
     @classmethod
     def wrap(cls, inner: Attention) -> CpuAttention:
@@ -72,10 +74,13 @@ class CpuAttention(Attention):
             bf16, threads = prefill_gemm.path(t) == "bf16", torch.get_num_threads()
             if bf16 and prefill_bf16.amx():
                 out = prefill_bf16.attend(q, k_cache, v_cache, pos, window_size[0], scale)
+                self.used.add("sdpa")
             else:
                 out = attend(lib, q, k_cache, v_cache, pos, window_size[0], scale, threads, bf16)
                 if out is None and bf16:   # no AVX-512 BF16, or a head_dim not a multiple of 32
                     out = attend(lib, q, k_cache, v_cache, pos, window_size[0], scale, threads)
+                if out is not None:
+                    self.used.add("c")
             if out is not None:
                 return out
             return super().__call__(q, None, None, cache, layer_idx, causal, window_size, softcap)

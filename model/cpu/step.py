@@ -31,6 +31,8 @@ class CpuStep:
         if cache.dtype != torch.float16 or cache.k_cache.shape[1] != 1:
             raise ValueError("the CPU step needs a single-sequence fp16 cache")
         self.lib, self.cache, self.keep = native.library(), cache, []
+        if hasattr(model, "attn"):   # every token it decodes attends in C: the backend names say so
+            model.attn.used.add("c")
         self.gemma = hasattr(c, "query_pre_attn_scalar")
         tables = model.rope(torch.device("cpu"))
         tables = tables if self.gemma else {False: tables}
