@@ -70,3 +70,15 @@ def test_the_weights_format_of_a_quantized_model_fits_its_row():
     text = weights_format(Fake())
     assert text == "4-bit+8-bit blocks" and LABEL_WIDTH + len(text) <= 33
     assert QLinear is not None
+
+
+@pytest.mark.anyio
+async def test_the_panel_names_our_c_kernels_for_a_quantized_gguf(mixed_gguf, home):
+    """A GGUF on the CPU's default path attends in our C (the decode step, the prefill with the
+    GEMM): the backend row says so, not SDPA, and fits its row."""
+    app = make_app("--model", str(mixed_gguf), "--temperature", "0", "--max-new-tokens", "4", "--no-store")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await submit(pilot, "hello")
+        assert "C kernels" in row(app, "backend").split("+"), row(app, "backend")
+        assert LABEL_WIDTH + len(row(app, "backend")) <= app.panel.content_region.width

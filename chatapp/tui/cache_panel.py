@@ -145,7 +145,7 @@ class CachePanel(VerticalScroll):
         self.row("mode").display = "mode" in stats
         self.row("mode").set(stats.get("mode", ""))
         self.row("device").set(stats["device"])
-        self.row("backend").set(stats["backend"].upper())
+        self.row("backend").set("+".join("C kernels" if b == "c" else b.upper() for b in stats["backend"].split("+")))
         self.show_cache(stats["cache_seqlens"], stats["capacity"], stats["kv_bytes_used"])
         self.row("shape").set("×".join(map(str, stats["shape"])))
         self.row("dtype").set(stats["dtype"])
