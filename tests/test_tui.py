@@ -370,3 +370,21 @@ async def test_a_doubled_slash_sends_a_message_that_starts_with_one():
         await submit(pilot, "//usr/bin/env crashes, why?")
         assert app.session.exchanges[0].user == "/usr/bin/env crashes, why?"
         assert [w.text for w in app.transcript.query(UserMessage)] == ["/usr/bin/env crashes, why?"]
+
+
+@pytest.mark.anyio
+async def test_a_streamed_list_is_on_screen_when_its_write_returns():
+    """Markdown re-reads a reply's last block on every append (a long list: all of it), so the
+    write awaits that work: the bridge's draw time must include it, or its back-pressure lets the
+    UI starve the model (a numbered reply decoded at half the headless speed)."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await app.transcript.add_user("steps?")
+        reply = await app.transcript.reply()
+        for n in range(1, 4):
+            await reply.write(f"{n}. step {n}\n")
+            md = reply.segments[0].widget
+            assert len(md.query("MarkdownBullet")) == n and reply.text.count("step") == n
+        await reply.finish("end")
+        assert len(reply.segments[0].widget.query("MarkdownBullet")) == 3

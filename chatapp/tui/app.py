@@ -10,6 +10,7 @@ hands the events that come back (batched by `bridge.pump`) to the widgets that s
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:  # the keeper imports torch, which must not delay the first fr
     from chatapp.keeper.keeper import ChatKeeper
 
 CHAT_ACTIONS = {"stop", "chats", "copy_reply", "help"}
+SWITCH_INTERVAL_S = 0.001
 
 
 class ChatApp(App[None]):
@@ -61,6 +63,9 @@ class ChatApp(App[None]):
         `opener(args, progress)` makes the chat keeper (default: `chatapp.launch.open_chat`: a
         session, with the stored chat restored for --chat/--resume)."""
         super().__init__()
+        # The turn's worker thread takes the GIL back after each C call; Python's default 5 ms
+        # switch interval made it wait that long behind the UI's drawing, a token at a time.
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.stable = stable
         self.keeper: ChatKeeper | None = None  # the one chat object: the session, stored as it goes
         self.border = InputBorder(self)

@@ -6,9 +6,10 @@ most every `interval` seconds; every other event flushes the text first, to keep
 `post` is `App.post_message`, which is safe to call from any thread and never blocks.
 
 The `Gate` adds back-pressure: one batch is in flight at a time, and the next waits at least
-twice as long as the UI took to draw the last one. Drawing holds the GIL, and a decode step
-waits for the GIL between torch ops, so a UI that is never idle would slow the model down;
-this keeps the UI busy at most about half the time, whatever the terminal's speed.
+DRAW_SHARE times as long as the UI took to draw the last one. Drawing holds the GIL and a core,
+and on a 2-core laptop the decode's threads need both: with the UI allowed half the time, a
+numbered reply decoded at 40-60% of headless speed; at a seventh, 65-85%
+(docs/notes.md, "The TUI starved the model"). Text still moves several times a second.
 
 The load worker's messages (`Loaded`, `LoadProgress`, `LoadFailed`) cross the same way.
 """
@@ -24,6 +25,7 @@ from textual.message import Message
 from chatapp.chat.events import Error, Event, SessionFigures, TextDelta, TextKind
 
 BATCH_INTERVAL_S = 0.05
+DRAW_SHARE = 6   # the next batch waits this many times the last one's draw: the UI busy <= 1/7 of the time
 
 
 class TextBatch(Message):
@@ -88,7 +90,7 @@ class Gate:
         self.draw_s = 0.0
 
     def ready(self) -> bool:
-        wait = max(self.interval, 2 * self.draw_s)
+        wait = max(self.interval, DRAW_SHARE * self.draw_s)
         return self._open.is_set() and self.clock() - self.sent_at >= wait
 
     def sent(self) -> None:

@@ -11,7 +11,6 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.widgets import Collapsible, Markdown, ProgressBar, Static
-from textual.widgets.markdown import MarkdownStream
 
 from chatapp.chat.events import TextKind, ToolCall
 from chatapp.chat.kinds import Part
@@ -101,17 +100,17 @@ class Thinking(Collapsible):
 
 
 class ReplyPiece:
-    """One Markdown block of a reply and its stream (a tool call starts a new one)."""
+    """One Markdown block of a reply (a tool call starts a new one)."""
 
     def __init__(self, widget: Markdown) -> None:
         self.widget = widget
-        self.stream: MarkdownStream | None = Markdown.get_stream(widget)
         self.parts: list[str] = []
 
-    async def close(self) -> None:
-        if self.stream is not None:
-            await self.stream.stop()
-            self.stream = None
+    async def write(self, text: str) -> None:
+        """Append and wait until the widgets are updated: the batch's draw time (bridge.Gate)
+        must include the parse, which for a long list re-reads the whole list every time."""
+        self.parts.append(text)
+        await self.widget.append(visible(text))
 
 
 class Reply(Vertical):
@@ -145,9 +144,7 @@ class Reply(Vertical):
         if not self.segments:
             text = text.lstrip("\n")  # the blank lines after a thinking block are its layout
         if self.open or text.strip():
-            seg = await self._open_segment()
-            seg.parts.append(text)
-            await seg.stream.write(visible(text))
+            await (await self._open_segment()).write(text)
 
     async def add_tool_call(self, call: ToolCall) -> None:
         await self._close_open()
@@ -173,9 +170,7 @@ class Reply(Vertical):
         return self.open
 
     async def _close_open(self) -> None:
-        if self.open is not None:
-            await self.open.close()
-            self.open = None
+        self.open = None
 
 
 class ExchangeView:
