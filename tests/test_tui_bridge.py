@@ -4,7 +4,7 @@ Also the tool-span splitter the transcript uses."""
 from __future__ import annotations
 
 from chatapp.chat.events import Error, TextDelta, ToolCall, TurnStats
-from chatapp.tui.bridge import DRAW_SHARE, Gate, SessionEvent, TextBatch, TurnFinished, pump
+from chatapp.tui.bridge import DRAW_SHARE, MAX_WAIT_S, Gate, SessionEvent, TextBatch, TurnFinished, pump
 
 
 class Clock:
@@ -66,6 +66,21 @@ def test_a_slow_ui_gets_batches_its_draw_share_apart():
     pump(tokens(clock, 3000, 0.001), post, gate)
     gaps = [b - a for a, b in zip(sent, sent[1:-1], strict=False)]
     assert gaps and min(gaps) >= DRAW_SHARE * 0.1 - 1e-9   # the UI busy at most 1 / (1 + DRAW_SHARE)
+
+
+def test_a_very_slow_ui_still_gets_a_batch_every_second():
+    clock, sent = Clock(), []
+    gate = Gate(clock=clock)
+
+    def post(msg):
+        if isinstance(msg, TextBatch):
+            sent.append(clock.t)
+            clock.t += 0.5  # each draw takes 500 ms: DRAW_SHARE of it would be 3 s of silence
+            gate.drawn()
+
+    pump(tokens(clock, 5000, 0.001), post, gate)
+    gaps = [b - a for a, b in zip(sent, sent[1:-1], strict=False)]
+    assert gaps and MAX_WAIT_S - 1e-9 <= min(gaps) <= max(gaps) <= MAX_WAIT_S + 0.002
 
 
 def test_an_exception_in_a_turn_becomes_an_error_event_and_the_turn_ends():

@@ -9,7 +9,8 @@ The `Gate` adds back-pressure: one batch is in flight at a time, and the next wa
 DRAW_SHARE times as long as the UI took to draw the last one. Drawing holds the GIL and a core,
 and on a 2-core laptop the decode's threads need both: with the UI allowed half the time, a
 numbered reply decoded at 40-60% of headless speed; at a seventh, 65-85%
-(docs/notes.md, "The TUI starved the model"). Text still moves several times a second.
+(docs/notes.md, "The TUI starved the model"). MAX_WAIT_S keeps the text moving at least once a
+second on a long transcript whose every draw is slow.
 
 The load worker's messages (`Loaded`, `LoadProgress`, `LoadFailed`) cross the same way.
 """
@@ -26,6 +27,7 @@ from chatapp.chat.events import Error, Event, SessionFigures, TextDelta, TextKin
 
 BATCH_INTERVAL_S = 0.05
 DRAW_SHARE = 6   # the next batch waits this many times the last one's draw: the UI busy <= 1/7 of the time
+MAX_WAIT_S = 1.0
 
 
 class TextBatch(Message):
@@ -90,7 +92,7 @@ class Gate:
         self.draw_s = 0.0
 
     def ready(self) -> bool:
-        wait = max(self.interval, DRAW_SHARE * self.draw_s)
+        wait = min(max(self.interval, DRAW_SHARE * self.draw_s), MAX_WAIT_S)
         return self._open.is_set() and self.clock() - self.sent_at >= wait
 
     def sent(self) -> None:
