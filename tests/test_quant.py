@@ -67,6 +67,10 @@ def test_the_default_build_has_every_simd_path_this_cpu_can_run():
         assert lib.qg_simd() == 2
     if "avx512_bf16" in flags:
         assert lib.qg_bf16() in (1, 2)
+    said = native.describe(lib)   # install.sh's line names what the build runs
+    assert said.startswith("AVX2 decode" if lib.qd_simd() else "portable C")
+    assert ("AVX-512 VNNI prefill" in said) == (lib.qg_simd() == 2)
+    assert ("bf16 prefill" in said) == (lib.qg_bf16() in (1, 2))
 
 
 @pytest.fixture(scope="module")

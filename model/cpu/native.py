@@ -174,8 +174,18 @@ def why_not() -> str:
     return "the C compiler failed on qdecode.c"
 
 
+def describe(lib: ctypes.CDLL) -> str:
+    """What this build runs, for install.sh's line: the decode's SIMD and the prefill's GEMMs."""
+    parts = ["AVX2 decode" if lib.qd_simd() else "portable C"]
+    if getattr(lib, "qg_simd", None) is not None and lib.qg_simd() == 2:
+        parts.append("AVX-512 VNNI prefill")
+    bf16 = lib.qg_bf16() if getattr(lib, "qg_bf16", None) is not None else 0
+    parts += [[], ["bf16 prefill on AMX tiles"], ["bf16 prefill on AVX-512 BF16"]][bf16 if bf16 in (1, 2) else 0]
+    return ", ".join(parts)
+
+
 if __name__ == "__main__":   # `python -m model.cpu.native`: build now (install.sh does)
     lib = library()
-    print(f"CPU kernels: built ({'AVX2' if lib.qd_simd() else 'portable C'})" if lib else
+    print(f"CPU kernels: built ({describe(lib)})" if lib else
           f"note: CPU kernels not built: {why_not()}; quantized models will run dequantized to fp32 (slower, "
           "more memory)")
