@@ -137,7 +137,7 @@ class Reply(Vertical):
             self.thinking.add(text)
             return
         if kind != "answer":  # a tool span: the ToolCall event shows it; the answer goes on in a new block
-            await self._close_open()
+            self.open = None
             return
         if self.thinking is not None and text.strip():
             self.thinking.collapsed = True  # the answer has started
@@ -147,12 +147,12 @@ class Reply(Vertical):
             await (await self._open_segment()).write(text)
 
     async def add_tool_call(self, call: ToolCall) -> None:
-        await self._close_open()
+        self.open = None
         await self.mount(ToolCallView(call))
 
     async def finish(self, stop: str, tool_calls: int = 0) -> None:
         """The final full update: each block re-rendered once from its whole text."""
-        await self._close_open()
+        self.open = None
         for seg in self.segments:
             await seg.widget.update(visible("".join(seg.parts)))
         if not self.segments and not tool_calls and self.thinking is None:
@@ -168,9 +168,6 @@ class Reply(Vertical):
             self.open = ReplyPiece(widget)
             self.segments.append(self.open)
         return self.open
-
-    async def _close_open(self) -> None:
-        self.open = None
 
 
 class ExchangeView:
