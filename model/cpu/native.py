@@ -175,12 +175,13 @@ def why_not() -> str:
 
 
 def describe(lib: ctypes.CDLL) -> str:
-    """What this build runs, for install.sh's line: the decode's SIMD and the prefill's GEMMs."""
+    """What this build runs, for install.sh's line: the decode's SIMD and the prefill's GEMMs
+    (qg_simd 2: the VNNI GEMM; qg_bf16 1: AMX tiles, 2: AVX-512 BF16; model/cpu/prefill_gemm.py)."""
     parts = ["AVX2 decode" if lib.qd_simd() else "portable C"]
-    if getattr(lib, "qg_simd", None) is not None and lib.qg_simd() == 2:
+    if lib.qg_simd() == 2:
         parts.append("AVX-512 VNNI prefill")
-    bf16 = lib.qg_bf16() if getattr(lib, "qg_bf16", None) is not None else 0
-    parts += [[], ["bf16 prefill on AMX tiles"], ["bf16 prefill on AVX-512 BF16"]][bf16 if bf16 in (1, 2) else 0]
+    if bf16 := {1: "bf16 prefill on AMX tiles", 2: "bf16 prefill on AVX-512 BF16"}.get(lib.qg_bf16()):
+        parts.append(bf16)
     return ", ".join(parts)
 
 
