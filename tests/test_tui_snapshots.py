@@ -10,8 +10,8 @@ from __future__ import annotations
 from tui_pilot import make_app, ready, submit, until
 
 from chatapp.chat.kinds import Part
+from chatapp.tui.markdown import chat_markdown
 from chatapp.tui.screens import ErrorScreen
-from chatapp.tui.transcript import chat_markdown
 
 SIZE = (120, 36)
 GREEDY = ("--temperature", "0", "--seed", "7", "--max-new-tokens", "32")
@@ -62,7 +62,7 @@ def mix(a, b):
 
 
 def test_a_reply_keeps_its_single_line_breaks(snap_compare):
-    """Single newlines are hard breaks (chatapp/tui/transcript.py's chat_markdown): the three
+    """Single newlines are hard breaks (chatapp/tui/markdown.py's chat_markdown): the three
     colours stay on three lines; the list, the table and the code block render as before."""
     kinds = [t.type for t in chat_markdown().parse("Red (R)\nBlue (B)")[1].children]
     assert kinds == ["text", "hardbreak", "text"]

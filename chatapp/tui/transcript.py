@@ -6,34 +6,15 @@ the right widgets), but it holds no conversation logic: the app tells it what ha
 
 from __future__ import annotations
 
-from markdown_it import MarkdownIt
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
-from textual.widgets import Collapsible, Markdown, ProgressBar, Static
+from textual.widgets import Collapsible, ProgressBar, Static
 
 from chatapp.chat.events import TextKind, ToolCall
 from chatapp.chat.kinds import Part
+from chatapp.tui.markdown import ReplyMarkdown
 from chatapp.tui.visible import visible
-
-
-def hard_breaks(state) -> None:
-    """A markdown-it core rule: every soft break in inline text becomes a hard one."""
-    for token in state.tokens:
-        for child in token.children or ():
-            if child.type == "softbreak":
-                child.type, child.tag = "hardbreak", "br"
-
-
-def chat_markdown() -> MarkdownIt:
-    """Textual's parser, with single newlines kept as line breaks, as chat apps show a reply (a
-    model writes `Red\nBlue\nYellow` as three lines, not one paragraph). markdown-it's own
-    `breaks` option only changes its HTML renderer; Textual reads the tokens, so the rule
-    rewrites them. Code blocks, lists and tables parse as before."""
-    md = MarkdownIt("gfm-like")
-    md.core.ruler.push("hard_breaks", hard_breaks)
-    return md
-
 
 STOP_NOTES = {"cancel": "stopped (Esc)", "length": "cut at max_new_tokens", "error": "cut off (the server failed)"}
 
@@ -102,7 +83,7 @@ class Thinking(Collapsible):
 class ReplyPiece:
     """One Markdown block of a reply (a tool call starts a new one)."""
 
-    def __init__(self, widget: Markdown) -> None:
+    def __init__(self, widget: ReplyMarkdown) -> None:
         self.widget = widget
         self.parts: list[str] = []
 
@@ -110,7 +91,7 @@ class ReplyPiece:
         """Append and wait until the widgets are updated: the batch's draw time (bridge.Gate)
         must include the parse, which for a long list re-reads the whole list every time."""
         self.parts.append(text)
-        await self.widget.append(visible(text))
+        await self.widget.add(visible(text))
 
 
 class Reply(Vertical):
@@ -154,7 +135,7 @@ class Reply(Vertical):
         """The final full update: each block re-rendered once from its whole text."""
         self.open = None
         for seg in self.segments:
-            await seg.widget.update(visible("".join(seg.parts)))
+            await seg.widget.replace(visible("".join(seg.parts)))
         if not self.segments and not tool_calls and self.thinking is None:
             await self.mount(Notice("(empty reply)", "dim"))
         if note := STOP_NOTES.get(stop):
@@ -163,7 +144,7 @@ class Reply(Vertical):
 
     async def _open_segment(self) -> ReplyPiece:
         if self.open is None:
-            widget = Markdown(parser_factory=chat_markdown)
+            widget = ReplyMarkdown()
             await self.mount(widget)
             self.open = ReplyPiece(widget)
             self.segments.append(self.open)
