@@ -3,7 +3,7 @@ Also the tool-span splitter the transcript uses."""
 
 from __future__ import annotations
 
-from chatapp.chat.events import Error, TextDelta, ToolCall, TurnStats
+from chatapp.chat.events import Error, Memory, Progress, TextDelta, ToolCall, TurnStats
 from chatapp.tui.bridge import DRAW_SHARE, MAX_WAIT_S, Gate, SessionEvent, TextBatch, TurnFinished, pump
 
 
@@ -114,3 +114,25 @@ def test_a_batch_holds_one_kind_of_text():
     assert batches == [("thinking", "Pl"), ("thinking", "an"), ("answer", "Let me "),
                        ("tool_call", "<|python_start|>12*7<|python_end|>"),
                        ("tool_result", "<|output_start|>84<|output_end|>"), ("answer", " ok")]
+
+
+def test_progress_waits_for_the_gate_and_only_the_latest_goes():
+    """The decode's Progress comes four times a second; flushing the text for each one let the
+    batches past the gate, and the UI drew as often as it pleased."""
+    clock, posted = Clock(), []
+    gate = Gate(clock=clock)
+
+    def events():
+        yield Progress("prefill", 0, 8, 0.0, 0, 64, 0, Memory(1))  # the gate is open: out at once
+        for i in range(100):
+            clock.t += 0.01
+            yield TextDelta(str(i % 10))
+            if i % 25 == 24:
+                yield Progress("decode", i + 1, 100, clock.t, 8 + i, 64, 0, Memory(1))
+
+    pump(events(), posted.append, gate)  # nobody calls gate.drawn(): one batch in flight, forever
+    texts = [m.text for m in posted if isinstance(m, TextBatch)]
+    assert texts == ["0", "".join(str(i % 10) for i in range(1, 100))]  # the first, then the final flush
+    progress = [m.event for m in posted if isinstance(m, SessionEvent)]
+    assert [(p.phase, p.done) for p in progress] == [("prefill", 0), ("decode", 100)]
+    assert isinstance(posted[-1], TurnFinished) and posted[-2].event is progress[-1]

@@ -3,9 +3,10 @@ Textual app (under `App.run_test`, drawing every batch as a terminal would), per
 
 `python -m chatapp.bench.tui_stream [--model SPEC] [--max-new-tokens N]` prints a table of each
 turn's decode tok/s in both faces and their ratio, then one JSON line. The prompts ask for a
-numbered list, prose, and the list again on a longer transcript: Markdown lists are the costly
-case to stream (Textual re-reads a reply's last block, a whole list, on every append). Both
-faces run on this machine's cores in turn, so read the ratio, not the figures.
+numbered list, prose, the list again on a longer transcript, and a list of 40 items: lists are
+the costly case to stream (Textual rebuilds a whole list on every append; chatapp/tui/markdown.py
+grows it in place). Both faces run on this machine's cores in turn, so read the ratio, not the
+figures.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import sys
 import time
 
 PROMPTS = ["Explain how a car engine works, step by step.", "Write a long story about a dragon.",
-           "Tell me about the history of Rome in detail.", "Explain how a car engine works, step by step."]
+           "Tell me about the history of Rome in detail.", "Explain how a car engine works, step by step.",
+           "List 40 countries and their capitals as a numbered list."]
 
 
 def headless_speeds(argv: list[str]) -> list[float]:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 
 from textual.message import Message
 
-from chatapp.chat.events import Error, Event, SessionFigures, TextDelta, TextKind
+from chatapp.chat.events import Error, Event, Progress, SessionFigures, TextDelta, TextKind
 
 BATCH_INTERVAL_S = 0.05
 DRAW_SHARE = 6   # the next batch waits this many times the last one's draw: the UI busy <= 1/7 of the time
@@ -108,19 +108,25 @@ class Gate:
 def pump(events: Iterable[Event], post: Callable[[Message], object], gate: Gate | None = None,
          figures: Callable[[], SessionFigures] | None = None) -> int:
     """Drain `events` into `post`, then the session's `figures()` (read in this thread, which owns
-    the session) with TurnFinished; returns how many TextBatch messages were posted."""
+    the session) with TurnFinished; returns how many TextBatch messages were posted. `Progress`
+    waits for the gate like text (only the latest is kept): it fires four times a second while the
+    model writes, and flushing the text for each one let the batches past the gate."""
     gate = gate or Gate()
     pending: list[str] = []
     kind: TextKind = "answer"  # what `pending` is: a batch never mixes kinds
+    progress: Progress | None = None
     batches = 0
 
     def flush() -> None:
-        nonlocal batches
+        nonlocal batches, progress
         if pending:
             gate.sent()
             post(TextBatch("".join(pending), kind))
             pending.clear()
             batches += 1
+        if progress is not None:
+            post(SessionEvent(progress))
+            progress = None
 
     try:
         for ev in events:
@@ -129,11 +135,14 @@ def pump(events: Iterable[Event], post: Callable[[Message], object], gate: Gate 
                     flush()
                     kind = ev.kind
                 pending.append(ev.text)
-                if gate.ready():
-                    flush()
+            elif isinstance(ev, Progress):
+                progress = ev
             else:
                 flush()
                 post(SessionEvent(ev))
+                continue
+            if gate.ready():
+                flush()
     except Exception as e:  # a bug in a turn must not take the whole UI down with it
         flush()
         post(SessionEvent(Error(f"internal error: {type(e).__name__}: {e}")))
