@@ -1,5 +1,6 @@
-"""Sampling: greedy, top-k and top-p keep exactly the tokens they should, and the host and the
-device samplers (model/decode/sampling.py) draw the same tokens from the same seed."""
+"""Sampling: greedy, top-k and top-p keep exactly the tokens they should; the device sampler
+(model/decode/sampling.py, the CUDA graph's) draws what the plain rules draw from the same seed;
+the CPU's draw among the candidates keeps the same tokens and draws them in proportion."""
 
 import pytest
 import torch
@@ -10,9 +11,9 @@ from model.decode.sampling import (
     DeviceSampler,
     SamplingConfig,
     probabilities,
-    probabilities_top,
     sample_token,
     settings,
+    top_candidates,
 )
 
 
@@ -95,13 +96,18 @@ def host_draws(logits: torch.Tensor, cfg: SamplingConfig, seed: int, n: int, fn=
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"t{c.temperature}-k{c.top_k}-p{c.top_p}")
 @pytest.mark.parametrize("seed", [0, 1, 7])
-def test_host_and_device_samplers_draw_the_same_tokens(cfg, seed):
+def test_the_device_sampler_draws_what_the_plain_rules_draw(cfg, seed):
+    """On the GPU the eager draw is this too (no candidates there): the graph and eager decodes
+    draw the same tokens from one seed. The CPU's host draw does too whenever the candidates
+    decline (greedy, nothing filtered, or a cut past them)."""
     logits = torch.randn(1000, generator=torch.Generator().manual_seed(100 + seed)) * 3
-    host = host_draws(logits, cfg, seed, 60)
-    assert host == device_draws(logits, cfg, seed, 60)
-    assert host == host_draws(logits, cfg, seed, 60, reference)
+    device = device_draws(logits, cfg, seed, 60)
+    assert device == host_draws(logits, cfg, seed, 60, reference)
+    temperature, kth, top_p, min_p = settings(cfg, 1000)
+    if cfg.temperature <= 0 or top_candidates(logits, temperature, kth, top_p, min_p) is None:
+        assert host_draws(logits, cfg, seed, 60) == device
     if cfg.temperature >= 0.7 and cfg.top_k != 1 and cfg.top_p >= 0.9:
-        assert len(set(host)) > 1  # the comparison is of real draws, not of one forced token
+        assert len(set(device)) > 1  # the comparison is of real draws, not of one forced token
 
 
 def test_nan_logits_raise_on_the_host():
@@ -114,23 +120,43 @@ def test_nan_logits_raise_on_the_host():
                                                SamplingConfig(temperature=1.0, min_p=0.05),
                                                SamplingConfig(temperature=0.7, top_k=40, top_p=0.95)],
                          ids=lambda c: f"t{c.temperature}-k{c.top_k}-p{c.top_p}-m{c.min_p}")
-def test_the_unsorted_cut_gives_the_sorted_probabilities_bit_for_bit(cfg):
-    """probabilities_top (the host's path: no sort of the vocabulary) builds the very tensor
-    `probabilities` does whenever it answers, and answers None (the caller sorts) when the kept
-    tokens reach past its candidates."""
+def test_the_candidates_are_the_tokens_the_sort_keeps(cfg):
+    """top_candidates (the CPU's path: no sort of the vocabulary) keeps exactly the tokens
+    `probabilities` keeps, with their probabilities, whenever it answers, and answers None (the
+    caller sorts) when the kept tokens reach past it."""
     vocab, answered = 5000, 0
     for seed in range(4):
         logits = torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * (1 + 2 * seed)
         temperature, kth, top_p, min_p = settings(cfg, vocab)
-        t = torch.full((1,), temperature)
-        fast = probabilities_top(logits, t, kth, top_p, min_p)
-        want = probabilities(logits, t, torch.tensor([kth]), torch.tensor([top_p]), torch.tensor([min_p]))
-        if fast is not None:
+        kept = top_candidates(logits, temperature, kth, top_p, min_p)
+        want = probabilities(logits, torch.full((1,), temperature), torch.tensor([kth]), torch.tensor([top_p]),
+                             torch.tensor([min_p]))
+        if kept is not None:
             answered += 1
-            assert torch.equal(fast, want)
+            ids, probs = kept
+            assert sorted(ids.tolist()) == sorted(torch.nonzero(want).flatten().tolist())
+            torch.testing.assert_close(probs / probs.sum(), want[ids], rtol=1e-5, atol=1e-7)
         else:
             assert int((want > 0).sum()) > TOP_CANDIDATES or kth >= TOP_CANDIDATES
-    flat = probabilities_top(torch.zeros(vocab), torch.ones(1), vocab - 1, 0.99, 0.0)
+    flat = top_candidates(torch.zeros(vocab), 1.0, vocab - 1, 0.99, 0.0)
     assert flat is None   # 99% of a flat distribution: thousands of tokens, the sort's job
     if cfg.top_p <= 0.95 or 0 < cfg.top_k <= TOP_CANDIDATES or cfg.min_p > 0:
         assert answered > 0
+
+
+def test_the_host_draws_the_kept_tokens_in_proportion():
+    """The CPU's race among the candidates draws from the distribution `probabilities` gives:
+    5,000 draws, each kept token's count within 5 standard deviations of its expectation, and
+    nothing outside the kept set; at 0.2 most of the vocabulary's exp underflows (the clamp)."""
+    for temperature, top_p in ((1.0, 0.9), (0.2, 0.9)):
+        logits = torch.randn(8192, generator=torch.Generator().manual_seed(3)) * 2
+        logits[[5, 99, 1234, 4000, 777, 3, 8000]] = torch.tensor([16.0, 15.5, 15.0, 14.5, 14.0, 13.0, 12.0])
+        cfg = SamplingConfig(temperature=temperature, top_p=top_p)
+        t, kth, p, m = settings(cfg, 8192)
+        want = probabilities(logits, torch.full((1,), t), torch.tensor([kth]), torch.tensor([p]), torch.tensor([m]))
+        assert top_candidates(logits, t, kth, p, m) is not None  # the candidates' path is what this tests
+        g, n = torch.Generator().manual_seed(0), 5000
+        counts = torch.bincount(torch.stack([sample_token(logits, cfg, g) for _ in range(n)]), minlength=8192)
+        assert set(torch.nonzero(counts).flatten().tolist()) <= set(torch.nonzero(want).flatten().tolist())
+        expect = want * n
+        assert bool(((counts - expect).abs() <= 5 * (expect * (1 - want)).sqrt() + 1).all())

@@ -1,6 +1,6 @@
 """min_p and the repetition, presence and frequency penalties (model/decode/sampling.py): their maths
 against Hugging Face's logits processors and OpenAI's published formula, the host and the
-device samplers drawing the same tokens with them, and the generator counting exactly the
+device samplers counting the same reply with them, and the generator counting exactly the
 reply's last `repeat_last_n` tokens."""
 
 import pytest
@@ -17,6 +17,7 @@ from model.decode.sampling import (
     sample_token,
     settings,
     token_counts,
+    window,
 )
 from model.loading import load_model
 
@@ -87,25 +88,34 @@ CONFIGS = [
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=repr)
-def test_host_and_device_samplers_draw_the_same_tokens_with_penalties(cfg):
+def test_host_and_device_samplers_count_the_same_reply_with_penalties(cfg):
     """The device sampler's ring (start_reply, remember) and the host's list of the reply give
-    the same counts, window and all, so one seed draws the same tokens; each drawn token joins
-    the reply, so the penalties change from draw to draw."""
+    the same counts, window and all: the same penalized logits at every step, and the device's
+    draw is a token the host's rules keep. Each drawn token joins the reply, so the penalties
+    change from draw to draw. (The host's CPU draw races only the kept tokens, with a random
+    stream of its own: test_sampling.py.)"""
     base = torch.randn(V, generator=torch.Generator().manual_seed(4)) * 2
-    host_gen, dev_gen = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
     out = torch.zeros(1, dtype=torch.long)
     dev = DeviceSampler(base.clone(), out)
-    dev.gen = dev_gen
+    dev.gen = torch.Generator().manual_seed(9)
     dev.set(cfg)
     dev.start_reply(cfg)
+    temperature, kth, top_p, min_p = settings(cfg, V)
     reply, picks = [], []
     for _ in range(40):
-        host = int(sample_token(base, cfg, host_gen, reply))
+        recent = torch.tensor(reply[-window(cfg):], dtype=torch.long)
+        host = penalize(base, token_counts(recent, V), one(cfg.repetition_penalty), one(cfg.presence_penalty),
+                        one(cfg.frequency_penalty))
+        assert torch.equal(dev._penalized(), host)
         dev.greedy_penalized() if cfg.temperature <= 0 else dev.sample()
-        assert int(out[0]) == host
-        reply.append(host)
-        dev.remember(host)
-        picks.append(host)
+        token = int(out[0])
+        if cfg.temperature <= 0:
+            assert token == int(host.argmax()) == int(sample_token(base, cfg, None, reply))
+        else:
+            assert probabilities(host, one(temperature), torch.tensor([kth]), one(top_p), one(min_p))[token] > 0
+        reply.append(token)
+        dev.remember(token)
+        picks.append(token)
     assert len(set(picks)) > 3  # the penalties pushed it off its favourite tokens
 
 
