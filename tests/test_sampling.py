@@ -137,11 +137,21 @@ def test_the_candidates_are_the_tokens_the_sort_keeps(cfg):
             assert sorted(ids.tolist()) == sorted(torch.nonzero(want).flatten().tolist())
             torch.testing.assert_close(probs / probs.sum(), want[ids], rtol=1e-5, atol=1e-7)
         else:
-            assert int((want > 0).sum()) > TOP_CANDIDATES or kth >= TOP_CANDIDATES
+            assert int((want > 0).sum()) > TOP_CANDIDATES[-1] or kth >= TOP_CANDIDATES[-1]
     flat = top_candidates(torch.zeros(vocab), 1.0, vocab - 1, 0.99, 0.0)
     assert flat is None   # 99% of a flat distribution: thousands of tokens, the sort's job
-    if cfg.top_p <= 0.95 or 0 < cfg.top_k <= TOP_CANDIDATES or cfg.min_p > 0:
+    if cfg.top_p <= 0.95 or 0 < cfg.top_k <= TOP_CANDIDATES[-1] or cfg.min_p > 0:
         assert answered > 0
+
+
+def test_a_nucleus_wider_than_the_first_candidates_is_found_among_the_second():
+    """A warm temperature over flat logits keeps hundreds of tokens: the second, wider topk finds
+    them (still a tenth of the sort's cost), the same set the sort keeps."""
+    logits = torch.randn(5000, generator=torch.Generator().manual_seed(2))
+    kept = top_candidates(logits, 1.0, 4999, 0.5, 0.0)
+    want = probabilities(logits, torch.ones(1), torch.tensor([4999]), torch.tensor([0.5]), torch.zeros(1))
+    assert kept is not None and TOP_CANDIDATES[0] < len(kept[0]) <= TOP_CANDIDATES[-1]
+    assert sorted(kept[0].tolist()) == sorted(torch.nonzero(want).flatten().tolist())
 
 
 def test_the_host_draws_the_kept_tokens_in_proportion():
