@@ -6,7 +6,8 @@ and warm-up, not counted), then traces the second: every project file with a fun
 from the moment it is sent (the input line read; in the TUI, Enter pressed) until its events are
 printed (in the TUI, until the reply and the panel's figures are on screen), the store's commit
 included; headless mode's `ready` line and its exit's save are the process's, not the message's.
-It prints the files with their call counts, grouped by folder, then one JSON line.
+It prints the files with their call counts and how many of their lines belong to a function
+that was called, grouped by folder, then one JSON line.
 docs/architecture.md records both figures."""
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _profiler(calls: Counter):
-    """A profile hook counting calls per project file (outside tests/ and the virtualenv)."""
+def _profiler(calls: Counter, codes: set):
+    """A profile hook counting calls per project file (outside tests/ and the virtualenv), and
+    keeping each function called."""
     root = str(ROOT) + "/"
 
     def profile(frame, event, _arg):
@@ -32,7 +34,18 @@ def _profiler(calls: Counter):
         if (event == "call" and name.startswith(root) and name != __file__
                 and "/.venv/" not in name and "/tests/" not in name):
             calls[name[len(root):]] += 1
+            codes.add(frame.f_code)
     return profile
+
+
+def called_lines(codes: set) -> Counter:
+    """Per file, how many of its lines belong to a function that was called (nested ones once)."""
+    spans: dict[str, set[int]] = {}
+    for code in codes:
+        lines = [n for _, _, n in code.co_lines() if n]
+        last = max(lines, default=code.co_firstlineno)
+        spans.setdefault(code.co_filename[len(str(ROOT)) + 1:], set()).update(range(code.co_firstlineno, last + 1))
+    return Counter({f: len(s) for f, s in spans.items()})
 
 
 class Tracing:
@@ -40,7 +53,8 @@ class Tracing:
 
     def __init__(self) -> None:
         self.calls: Counter = Counter()
-        self.profile = _profiler(self.calls)
+        self.codes: set = set()
+        self.profile = _profiler(self.calls, self.codes)
 
     def start(self) -> None:
         threading.setprofile(self.profile)
@@ -54,7 +68,7 @@ class Tracing:
 FIRST, SECOND = "Hello there", "What is the capital of France?"
 
 
-def headless_turn(argv: list[str]) -> tuple[str, Counter]:
+def headless_turn(argv: list[str]) -> tuple[str, Tracing]:
     """One headless run of two lines: the count starts when the second line is read and stops
     when the loop asks for the next one, its events printed. The `ready` line before the first
     and the exit's save after the last belong to the process, not to a message."""
@@ -74,10 +88,10 @@ def headless_turn(argv: list[str]) -> tuple[str, Counter]:
             tracing.stop()
 
     run_headless(keeper, lines(), out=io.StringIO())   # the JSON lines: not this report
-    return keeper.session.lm.name, tracing.calls
+    return keeper.session.lm.name, tracing
 
 
-def tui_turn(argv: list[str]) -> tuple[str, Counter]:
+def tui_turn(argv: list[str]) -> tuple[str, Tracing]:
     """The real app: type the message, then trace from Enter until the turn is done and drawn."""
     import asyncio
     import time
@@ -122,7 +136,7 @@ def tui_turn(argv: list[str]) -> tuple[str, Counter]:
             await send(pilot, SECOND, trace=True)
 
     asyncio.run(run())
-    return app.session.lm.name, tracing.calls
+    return app.session.lm.name, tracing
 
 
 def main(argv: list[str] | None = None, out=sys.stdout) -> int:
@@ -131,16 +145,20 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
     p.add_argument("--tui", action="store_true", help="trace the Textual app's turn, not headless mode's")
     a = p.parse_args(argv)
     chat = ["--temperature", "0", "--max-new-tokens", "8"] + (["--model", a.model] if a.model else [])
-    name, calls = (tui_turn if a.tui else headless_turn)(chat)
+    name, tracing = (tui_turn if a.tui else headless_turn)(chat)
+    calls, lines = tracing.calls, called_lines(tracing.codes)
     folders = Counter(str(Path(f).parent) for f in calls)
+    print("calls  lines of called functions  file", file=out)
     for folder in sorted(folders):
-        print(f"{folder}/ ({folders[folder]})", file=out)
-        for f in sorted(x for x in calls if str(Path(x).parent) == folder):
-            print(f"  {calls[f]:6d}  {Path(f).name}", file=out)
-    print(f"{len(calls)} files", file=out)
+        files = sorted(x for x in calls if str(Path(x).parent) == folder)
+        print(f"{folder}/ ({len(files)} files, {sum(lines[f] for f in files)} lines)", file=out)
+        for f in files:
+            print(f"  {calls[f]:6d}  {lines[f]:5d}  {Path(f).name}", file=out)
+    print(f"{len(calls)} files, {sum(lines.values())} lines of called functions", file=out)
     print(json.dumps({"bench": "message_path", "face": "tui" if a.tui else "headless", "model": name,
-                      "files": len(calls), "by_folder": dict(sorted(folders.items())),
-                      "calls": dict(sorted(calls.items()))}), file=out)
+                      "files": len(calls), "called_lines": sum(lines.values()),
+                      "by_folder": dict(sorted(folders.items())), "calls": dict(sorted(calls.items())),
+                      "lines": dict(sorted(lines.items()))}), file=out)
     return 0
 
 
