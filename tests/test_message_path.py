@@ -17,6 +17,12 @@ def test_the_tracer_lists_the_files_a_headless_turn_runs(tmp_path, monkeypatch):
             "kvcache/attention.py", "chatapp/headless.py"} <= files
     assert "chatapp/bench/message_path.py" not in files and not any(f.startswith("tests/") for f in files)
     assert result["files"] == len(files) == sum(result["by_folder"].values())
+    # every file on it ran at least one line of a function, and no more lines than it holds
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    assert set(result["lines"]) == files and result["called_lines"] == sum(result["lines"].values())
+    assert all(0 < n <= len((root / f).read_text().splitlines()) for f, n in result["lines"].items())
     # the commit is the message's; the ready line, the exit's save and the schema (read at open) are not
     assert "chatapp/store/database.py" in files
     assert not files & {"chatapp/keeper/final_save.py", "chatapp/keeper/keeper.py", "chatapp/chat/stats.py",
