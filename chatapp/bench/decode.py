@@ -78,16 +78,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def decode_at(gen: Generator, context: int, tokens: int, seed: int = 0) -> dict:
-    """Fill the cache to `context` with random tokens, then time `tokens` greedy decode steps,
-    each one a feed plus a sample, exactly what a chat does per token."""
+def decode_at(gen: Generator, context: int, tokens: int, seed: int = 0,
+              sampling: SamplingConfig | None = None) -> dict:
+    """Fill the cache to `context` with random tokens, then time `tokens` decode steps (greedy
+    unless `sampling` says otherwise), each one a feed plus a sample, exactly what a chat does
+    per token."""
     cache = gen.cache
     cache.reset()
     gen.forget()
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(100, min(gen.vocab_size, 30000), (context,), generator=g).tolist()
     gen.prefill(ids)
-    gen.configure(SamplingConfig(temperature=0.0))
+    gen.configure(sampling or SamplingConfig(temperature=0.0))
     token = gen.sample()
     times = []
     for _ in range(tokens):

@@ -5,9 +5,10 @@
 Every other bench decodes greedily, as llama-bench does, but a chat samples: at the default
 settings (temperature 0.2, top_p 0.9: chatapp/chat/settings.py) each token also pays for the
 sampler over the whole vocabulary. This times the app's Generator (a feed and a sample a token,
-what a reply does) over `--tokens` tokens after a short prompt, greedy and at the defaults in
-alternating rounds, and reports the share of greedy speed the defaults keep. Then `sample_token`
-alone on random logits of each family's vocabulary size. A table, then one JSON line.
+what a reply does: `bench/decode.py`'s decode_at) over `--tokens` tokens after a 32-token prompt,
+greedy and at the defaults in alternating rounds, and reports the share of greedy speed the
+defaults keep. Then `sample_token` alone on random logits of each family's vocabulary size. A
+table, then one JSON line.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 
 import torch
 
+from chatapp.bench.decode import decode_at
 from chatapp.bench.models import default_model_path
 from chatapp.chat.settings import Settings
 from model.decode.generate import Generator
@@ -26,22 +28,9 @@ from model.decode.sampling import SamplingConfig, sample_token
 from model.loading import LoadOptions, load_model
 
 DEFAULTS = SamplingConfig(**Settings().sampler_values())
+SEEDED = SamplingConfig(**{**DEFAULTS.__dict__, "seed": 0})
 GREEDY = SamplingConfig(temperature=0.0)
 VOCABS = {"SmolLM2": 49152, "Llama 3": 128256, "Qwen3": 151936, "Gemma 3": 262144}
-
-
-def decode_rate(gen: Generator, cfg: SamplingConfig, tokens: int) -> float:
-    """Tok/s of `tokens` feeds and samples after a 32-token prompt, at `cfg` (seeded)."""
-    gen.cache.reset()
-    gen.forget()
-    gen.prefill([100 + 7 * i for i in range(32)])
-    gen.configure(SamplingConfig(**{**cfg.__dict__, "seed": 0}))
-    token = gen.sample()
-    t = time.perf_counter()
-    for _ in range(tokens):
-        gen.feed(token)
-        token = gen.sample()
-    return tokens / (time.perf_counter() - t)
 
 
 def sampler_us(vocab: int, cfg: SamplingConfig, reps: int = 200) -> float:
@@ -78,8 +67,8 @@ def main(argv: list[str] | None = None) -> None:
         gen = Generator(lm.model, lm.model.new_cache(64 + a.tokens), lm.tokenizer.vocab_size)
         greedy, sampled = [], []
         for _ in range(a.rounds):
-            greedy.append(decode_rate(gen, GREEDY, a.tokens))
-            sampled.append(decode_rate(gen, DEFAULTS, a.tokens))
+            greedy.append(decode_at(gen, 32, a.tokens, sampling=GREEDY)["tok_s"])
+            sampled.append(decode_at(gen, 32, a.tokens, sampling=SEEDED)["tok_s"])
         g, s = statistics.median(greedy), statistics.median(sampled)
         name = spec.rsplit("/", 1)[-1]
         print(f"{name:<40} | {g:12.1f} | {s:14.1f} | {s / g:.2f}")

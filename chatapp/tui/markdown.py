@@ -56,6 +56,8 @@ async def grow_list(old: MarkdownBlock, new: MarkdownBlock) -> bool:
     return True
 
 
+# Two classes, not a shared base: a base deriving from MarkdownBlock puts its DEFAULT_CSS back in
+# the lists' MRO, after their own margins, and the snapshots change.
 class GrowingBulletList(MarkdownBulletList):
     async def _update_from_block(self, block: MarkdownBlock) -> None:
         if not await grow_list(self, block):
