@@ -13,6 +13,7 @@ import sys
 
 from chatapp.options import add_model_options, chat_parser
 from model.errors import UserError
+from model.escapes import escape_controls, to_stderr
 
 
 def run_chat(argv: list[str]) -> int:
@@ -23,11 +24,11 @@ def run_chat(argv: list[str]) -> int:
         from chatapp.headless import run_headless
         from chatapp.remote.open import open_remote  # no torch: the server runs the model
 
-        return run_headless(open_remote(args, warn=lambda m: print(m, file=sys.stderr)), sys.stdin.buffer,
+        return run_headless(open_remote(args, warn=to_stderr), sys.stdin.buffer,
                             jsonl=args.jsonl)
     if args.headless or args.jsonl:
         from chatapp.headless import run_headless  # lazy: imports torch
-        from chatapp.launch import open_chat, to_stderr
+        from chatapp.launch import open_chat
 
         return run_headless(open_chat(args, progress=to_stderr), sys.stdin.buffer, jsonl=args.jsonl)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):  # Textual would draw into a pipe and wait forever
@@ -43,7 +44,7 @@ def run_chat(argv: list[str]) -> int:
         from chatapp.keeper.final_save import final_save
 
         if line := final_save(app.keeper):
-            print(line, file=sys.stderr)
+            to_stderr(line)
             return 1
     return app.return_code or 0  # Textual sets 1 when the app ended on an error
 
@@ -96,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] in runners:
             return runners[argv[0]](argv[1:])
         return run_chat(argv)
-    except UserError as e:
-        print(f"nanochat-tui: error: {e}", file=sys.stderr)
+    except UserError as e:  # its text may quote a file, a model or a server: escaped, one line
+        print(f"nanochat-tui: error: {escape_controls(str(e))}", file=sys.stderr)
         return 1
     except UnicodeDecodeError as e:
         print(f"nanochat-tui: error: input is not valid UTF-8 ({e.reason})", file=sys.stderr)
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except OSError as e:  # the machine said no (a full disk, a home that is a file): one line, no trace
         where = f": {e.filename}" if e.filename else ""
-        print(f"nanochat-tui: error: {e.strerror or e}{where}", file=sys.stderr)
+        print(escape_controls(f"nanochat-tui: error: {e.strerror or e}{where}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

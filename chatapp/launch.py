@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from collections.abc import Callable
 from functools import partial
 
@@ -32,6 +31,7 @@ from kvcache.attention import available_backends
 from model.cpu import native
 from model.cpu.threads import use_threads
 from model.errors import UserError
+from model.escapes import to_stderr
 from model.limits import cache_room, fitting_context
 from model.loading import LoadOptions, load_model
 
@@ -39,10 +39,6 @@ Warn = Callable[[str], object]
 
 
 PRESETS_FILE = "presets.json"   # /preset save's presets, next to the chats (chatapp/chat/presets.py)
-
-
-def to_stderr(msg: object) -> None:
-    print(msg, file=sys.stderr)
 
 
 def open_chat(args: argparse.Namespace, progress=None, warn: Warn | None = None) -> ChatKeeper:

@@ -20,7 +20,7 @@ ROOMS = [
     "chatapp.launch", "chatapp.keeper", "chatapp.store", "chatapp.pull", "chatapp.config", "chatapp.options",
     "chatapp.chat", "chatapp",
     "model.loading", "model.decode", "model.families", "model.chat_formats", "model.tokenizers", "model.cpu",
-    "model.files", "model.limits", "model.paths", "model.errors", "model",
+    "model.files", "model.limits", "model.paths", "model.errors", "model.escapes", "model",
     "kvcache", "assets",
 ]
 

@@ -1,0 +1,45 @@
+"""Issue 45 item 5: text from a file, a model, a server or a store reaches the terminal, a log
+line or an exported file with its control characters spelled out (model/escapes.py)."""
+
+from __future__ import annotations
+
+import struct
+
+from chatapp.cli import main
+from model.escapes import escape_controls
+
+HOSTILE = "a\x1b]0;owned\x07b\x1b[2J\x9b31m\rc\x7f\x00"
+
+
+def test_every_control_character_is_spelled_out_and_nothing_else_changes():
+    controls = [chr(c) for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))]
+    for c in controls:
+        out = escape_controls(c)
+        assert out.startswith("\\") and out.isprintable() and len(out) in (2, 4), repr(c)
+    assert escape_controls(HOSTILE) == "a\\x1b]0;owned\\x07b\\x1b[2J\\x9b31m\\rc\\x7f\\x00"
+    plain = "C:\\path ␛ naïve 日本 🙂 \\x1b already"
+    assert escape_controls(plain) == plain
+
+
+def test_one_line_unless_lines_are_kept():
+    assert escape_controls("a\nb\tc") == "a\\nb\\tc"
+    assert escape_controls("a\nb\tc\x1b", lines=True) == "a\nb\tc\\x1b"
+
+
+def gguf_with_key(path, key: str):
+    """A GGUF header whose one metadata key has an unknown value type: the header check quotes
+    the key in its refusal."""
+    raw = key.encode()
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(raw)) + raw
+                     + struct.pack("<I", 99) + b"\0" * 64)
+    return path
+
+
+def test_an_error_quoting_a_gguf_key_reaches_stderr_escaped(tmp_path, capsys):
+    """The issue's case: a metadata key holding a terminal title write and a screen clear."""
+    path = gguf_with_key(tmp_path / "m.gguf", "general.\x1b]0;owned\x07\x1b[2J")
+    assert main(["--headless", "--no-store", "--model", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "\\x1b]0;owned\\x07" in err and "unknown value type" in err
+    assert err.isprintable() or err.rstrip("\n").isprintable()
+    assert err.count("\n") == 1
