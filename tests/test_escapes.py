@@ -6,6 +6,7 @@ from __future__ import annotations
 import struct
 
 from chatapp.cli import main
+from chatapp.store.export import ExportedChat, export, is_export
 from model.escapes import escape_controls
 
 HOSTILE = "a\x1b]0;owned\x07b\x1b[2J\x9b31m\rc\x7f\x00"
@@ -43,3 +44,14 @@ def test_an_error_quoting_a_gguf_key_reaches_stderr_escaped(tmp_path, capsys):
     assert "\\x1b]0;owned\\x07" in err and "unknown value type" in err
     assert err.isprintable() or err.rstrip("\n").isprintable()
     assert err.count("\n") == 1
+
+
+def test_an_export_spells_out_a_replys_escapes_and_keeps_its_text(tmp_path):
+    """The issue's case: a reply's raw bytes went into the /export file, which `cat` then ran."""
+    reply = "line one\x1b]52;c;cm0gLXJmIH4=\x07\n\tindented\r\nlast \x9b2J"
+    t = ExportedChat("title \x1b[31m", "m", "", [("hi\r\nthere", reply, "", [])])
+    text = export(t, str(tmp_path / "c.md")).read_text()
+    assert "\x1b" not in text and "\x9b" not in text and "\r" not in text and "\x07" not in text
+    assert "line one\\x1b]52;c;cm0gLXJmIH4=\\x07\n\tindented\nlast \\x9b2J" in text
+    assert "# title \\x1b[31m" in text and "hi\nthere" in text
+    assert is_export(tmp_path / "c.md")  # a later /export may still overwrite it

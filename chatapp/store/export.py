@@ -10,6 +10,7 @@ from chatapp.chat.events import ToolCall
 from chatapp.store.export_files import relabel
 from chatapp.store.records import StoreError
 from chatapp.store.tempfiles import write_atomic
+from model.escapes import escape_controls
 
 # The last line of every export (invisible in rendered Markdown): a file that ends with it may be
 # overwritten by a later /export; any other existing file is left alone.
@@ -42,7 +43,10 @@ def to_markdown(t: ExportedChat) -> str:
                      else f"- calculator: `{call.expr}` (not a valid expression)"]
         if tools:
             body.append("")
-    return "\n".join(head + body).rstrip() + "\n\n" + MARK + "\n"
+    text = "\n".join(head + body).rstrip() + "\n\n" + MARK + "\n"
+    # A reply's raw ESC would act on the terminal that cats the file (issue 45): spelled out, the
+    # text all kept; a CRLF is a line end, not a control to show.
+    return escape_controls(text.replace("\r\n", "\n"), lines=True)
 
 
 def quote(text: str) -> list[str]:
