@@ -39,7 +39,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
     d = DEFAULTS
-    p.add_argument("--max-new-tokens", type=int, help=f"reply length limit (default: {d['max_new_tokens']})")
+    p.add_argument("--max-new-tokens", type=int, help="cap a reply at this many tokens (default: no cap; a "
+                   "reply ends at the model's end token, the full context or Esc)")
     p.add_argument("--temperature", type=float, help=f"0 is greedy (default: {d['temperature']})")
     p.add_argument("--top-k", type=int, help=f"0 is off (default: {d['top_k']})")
     p.add_argument("--top-p", type=float, help=f"nucleus sampling (default: {d['top_p']})")

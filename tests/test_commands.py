@@ -86,6 +86,25 @@ def test_set_alone_shows_every_setting_and_stats_include_them(tiny):
     assert "top_k=7" in stats.text
 
 
+def test_set_takes_name_value_as_people_type_it(tiny):
+    """`/set temperature 0.7` answered "temperature must be a number from 0 to 5, got ''" (issue 44)."""
+    chat = ChatKeeper(Session(tiny, Settings(temperature=0.0), context=256), None)
+    (info,) = list(chat.run_command("/set temperature 0.7"))
+    assert isinstance(info, Info) and info.data == {"temperature": 0.7}
+    assert chat.session.settings.temperature == 0.7
+    (info,) = list(chat.run_command("/set top_k 50 min_p=0.05 seed = 4"))
+    assert info.data == {"top_k": 50, "min_p": 0.05, "seed": 4}
+    (info,) = list(chat.run_command("/set max_new_tokens 300"))
+    assert chat.session.settings.max_new_tokens == 300
+    (info,) = list(chat.run_command("/set max_new_tokens none"))
+    assert chat.session.settings.max_new_tokens is None and "max_new_tokens=none" in info.text
+    (err,) = list(chat.run_command("/set temperature"))
+    assert err == Error("temperature needs a value (a number from 0 to 5): /set temperature VALUE")
+    (err,) = list(chat.run_command("/set temperature hot"))
+    assert err == Error("temperature must be a number from 0 to 5, got 'hot'")
+    assert chat.session.settings.temperature == 0.7  # a refused /set changes nothing
+
+
 def test_a_line_is_parsed_once_into_a_message_or_a_command():
     assert parse_input("hello /undo") == "hello /undo"
     assert parse_input("//usr/bin/env") == "/usr/bin/env"

@@ -47,9 +47,10 @@ TABLE = [
     CommandSpec("/preset", "system-prompt presets: alone, list them; /preset NAME starts a chat with one; /preset "
                 "save NAME keeps the current system prompt; /preset delete NAME", "[NAME]", handler="preset",
                 store=True),
-    CommandSpec("/set", "show the settings, or change them: /set temperature=0.7 top_k=50 top_p=0.9 min_p=0.05 "
-                "repetition_penalty=1.1 presence_penalty=0 frequency_penalty=0 repeat_last_n=64 seed=1 "
-                "max_new_tokens=256 low_water=0.5 (a full context is trimmed to that share)",
+    CommandSpec("/set", "show the settings, or change them: /set temperature 0.7, or several as /set "
+                "temperature=0.7 top_k=50 top_p=0.9 min_p=0.05 repetition_penalty=1.1 presence_penalty=0 "
+                "frequency_penalty=0 repeat_last_n=64 seed=1 max_new_tokens=512 (none: no cap, the default) "
+                "low_water=0.5 (a full context is trimmed to that share)",
                 "[NAME=VALUE ...]", handler="change_settings"),
     CommandSpec("/stats", "show the cache, the settings and the last turn's figures", handler="show_stats"),
     CommandSpec("/help", "list commands and keys", handler="show_help", screen="help"),

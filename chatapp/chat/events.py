@@ -41,7 +41,7 @@ class TurnStats:
     decode_tokens: int
     ttft_ms: float           # the wait for the first token: its prefill, and a trim's re-prefill before it
     tokens_per_s: float
-    stop: str                # "end" | "length" | "cancel"
+    stop: str                # "end" | "length" (max_new_tokens) | "context" (the cache is full) | "cancel"
     kv_bytes_used: int
     kv_bytes_allocated: int
     backend: str
@@ -96,7 +96,7 @@ class Progress:
 
     phase: Literal["prefill", "decode"]
     done: int                # prefill: this turn's pending tokens now in the cache; decode: tokens written
-    total: int               # prefill: the tokens this turn prefills; decode: max_new_tokens
+    total: int               # prefill: the tokens this turn prefills; decode: max_new_tokens, else the room left
     elapsed_s: float         # since the reply started (its prefill)
     cache_seqlens: int
     capacity: int

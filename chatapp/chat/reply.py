@@ -62,8 +62,9 @@ def write(s: SessionLike, trim_event: Trimmed | None = None) -> Iterator[Event]:
     prefill_tokens = s.cache.seqlen - cached_before
     tools, text = ToolRunner(s.template, s.tokenizer), ReplyText(s.template, s.tokenizer)
     closing = len(s.template.end_reply())
+    cap = s.settings.max_new_tokens  # None: no cap, the context is the limit
     stop, n, t_first = "length", 0, None
-    while n < s.settings.max_new_tokens:
+    while cap is None or n < cap:
         token = s.gen.sample()
         if t_first is None:
             t_first = time.perf_counter()
@@ -77,8 +78,9 @@ def write(s: SessionLike, trim_event: Trimmed | None = None) -> Iterator[Event]:
             stop = "cancel"
             break
         forced = tools.after(token)
-        if s.cache.free < 1 + len(forced) + closing:
-            break  # the context is full: end the reply here, closed properly
+        if s.cache.free < 2 + len(forced) + closing:  # this token, the next one sampled, the close
+            stop = "context"
+            break  # the context is full: the reply ends here, its close pending and fitting (the next turn trims)
         s.gen.feed(token)
         if tools.new_call:
             yield tools.new_call
@@ -87,7 +89,7 @@ def write(s: SessionLike, trim_event: Trimmed | None = None) -> Iterator[Event]:
             s.gen.prefill(forced)
             for token in forced:
                 yield from text.push(token)
-        if ev := meter.progress("decode", n, s.settings.max_new_tokens, PROGRESS_S):
+        if ev := meter.progress("decode", n, cap or n + s.cache.free, PROGRESS_S):
             yield ev
     yield from text.flush()
     t_end = time.perf_counter()

@@ -22,7 +22,7 @@ class Settings:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repeat_last_n: int = 64
-    max_new_tokens: int = 256
+    max_new_tokens: int | None = None  # None: no cap; a reply ends at its end token, the full context or Esc
     low_water: float = 0.5           # a full context is trimmed down to this share of it (chat/trim.py)
     system: str | None = None        # None: the model's default system prompt
     model: str | None = None         # the model's spec as chatapp/pull/resolve.py records it: the chat reopens on it
@@ -41,13 +41,13 @@ SETTINGS = {
     "temperature": (float, lambda v: 0 <= v <= 5, "a number from 0 to 5"),
     "top_k": (int, lambda v: v >= 0, "an integer >= 0 (0 = off)"),
     "top_p": (float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
-    "seed": (int, lambda v: 0 <= v < 2**64, "an integer from 0 to 2**64 - 1"),
+    "seed": (int, lambda v: 0 <= v < 2**64, "an integer from 0 to 2**64 - 1, or none (not fixed)"),
     "min_p": (float, lambda v: 0 <= v <= 1, "a number from 0 to 1 (0 = off)"),
     "repetition_penalty": (float, lambda v: 0.5 <= v <= 3, "a number from 0.5 to 3 (1 = off)"),
     "presence_penalty": (float, lambda v: -2 <= v <= 2, "a number from -2 to 2 (0 = off)"),
     "frequency_penalty": (float, lambda v: -2 <= v <= 2, "a number from -2 to 2 (0 = off)"),
     "repeat_last_n": (int, lambda v: 1 <= v <= 1024, "an integer from 1 to 1024"),
-    "max_new_tokens": (int, lambda v: v >= 1, "an integer >= 1"),
+    "max_new_tokens": (int, lambda v: v >= 1, "an integer >= 1, or none (no cap)"),
     "low_water": (float, lambda v: 0 < v <= 1, "a number in (0, 1] (1 = drop just enough for the turn)"),
 }
 SAMPLER = ("temperature", "top_k", "top_p", "seed", "min_p", "repetition_penalty", "presence_penalty",
@@ -55,16 +55,33 @@ SAMPLER = ("temperature", "top_k", "top_p", "seed", "min_p", "repetition_penalty
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(Settings) if f.name in SETTINGS}
 
 
+NO_VALUE = ("none", "off")  # what unsets a setting whose default is None (seed, max_new_tokens)
+
+
+def setting_pairs(arg: str) -> list[tuple[str, str | None]]:
+    """`temperature=0.7 top_k 50` -> [("temperature", "0.7"), ("top_k", "50")]: each setting as
+    NAME=VALUE or NAME VALUE (the form people type first). None: a name with no value after it."""
+    words, pairs = arg.replace("=", " ").split(), []  # no value holds "=": both forms are NAME VALUE
+    while words:
+        key = words.pop(0)
+        pairs.append((key, words.pop(0) if words and words[0] not in SETTINGS else None))
+    return pairs
+
+
 def parse_settings(arg: str) -> dict:
-    """`temperature=0.7 top_k=50` -> {"temperature": 0.7, "top_k": 50}, or a UserError."""
+    """`temperature=0.7 top_k 50` -> {"temperature": 0.7, "top_k": 50}, or a UserError."""
     out = {}
-    for pair in arg.split():
-        key, eq, raw = pair.partition("=")
+    for key, raw in setting_pairs(arg):
         if key not in SETTINGS:
             raise UserError(f"unknown setting {key!r}; settings: {', '.join(SETTINGS)}")
         typ, ok, valid = SETTINGS[key]
+        if raw is None:
+            raise UserError(f"{key} needs a value ({valid}): /set {key} VALUE")
+        if DEFAULTS[key] is None and raw.lower() in NO_VALUE:
+            out[key] = None
+            continue
         try:
-            value = typ(raw) if eq else None
+            value = typ(raw)
         except ValueError:
             value = None
         if value is None or not ok(value):
@@ -74,11 +91,11 @@ def parse_settings(arg: str) -> dict:
 
 
 def settings_text(values: dict) -> str:
-    return " ".join(f"{k}={v}" for k, v in values.items())
+    return " ".join(f"{k}={'none' if v is None else v}" for k, v in values.items())
 
 
 def set_command(settings: Settings, arg: str) -> tuple[str, dict]:
-    """`/set NAME=VALUE ...` applied to `settings` (`/set` alone: every setting), as the info
+    """`/set NAME=VALUE ...` (or `NAME VALUE`) applied to `settings` (`/set` alone: every setting), as the info
     line and its data; UserError, nothing changed, on a bad value. Local and --backend chats
     both serve /set with it."""
     values = parse_settings(arg)

@@ -27,7 +27,7 @@ from chatapp.chat.events import Event, Prefilling, Trimmed
 from chatapp.chat.session_like import SessionLike
 from model.decode.generate import Generator
 
-REPLY_BUDGET = 64  # room kept for the reply a trim makes way for (capped by max_new_tokens)
+REPLY_BUDGET = 64  # room kept for the reply a trim makes way for (capped by max_new_tokens when set)
 
 
 class Span(Protocol):
@@ -111,7 +111,7 @@ def make_room(s: SessionLike, incoming: int) -> Yields[Event, None, Trimmed | No
     low-water mark and re-prefill what is kept (the policy and why: above). The
     system prompt stays. Returns the Trimmed event, whose cost the turn's figures include."""
     drop = count_to_drop(len(s.tokens), [ex.start for ex in s.exchanges], incoming,
-                              s.settings.max_new_tokens, s.cache.capacity, s.settings.low_water)
+                              s.settings.max_new_tokens or REPLY_BUDGET, s.cache.capacity, s.settings.low_water)
     if drop == 0:
         return None
     # families without a system role (nanochat) carry it in the first user turn

@@ -84,7 +84,7 @@ def close(s: SessionLike, ex: Exchange, generated: list[int]) -> None:
 def make_room(s: SessionLike, user: str) -> Yields[Event, None, Trimmed | None]:
     """When the next message and a reply do not fit, drop the oldest exchanges (to the low-water
     mark, as chat/trim.py does for every format) and re-prefill what is kept."""
-    budget = min(s.settings.max_new_tokens, trim.REPLY_BUDGET)
+    budget = min(s.settings.max_new_tokens or trim.REPLY_BUDGET, trim.REPLY_BUDGET)
     render = s.template.render(s.system, pairs_of(s, s.exchanges), user)
     if len(render.tokens) + budget <= s.cache.capacity or not s.exchanges:
         return None

@@ -122,7 +122,8 @@ class RemoteSession:
         ex.reply = ""
         self.cancel_flag.clear()
         body = {"model": self.model, "messages": self.messages(), "temperature": s.temperature,
-                "top_p": s.top_p, "max_tokens": s.max_new_tokens}
+                "top_p": s.top_p}
+        body |= {"max_tokens": s.max_new_tokens} if s.max_new_tokens else {}  # none: the server's own limit
         body |= {"seed": s.seed} if s.seed is not None else {}
         body |= {"top_k": s.top_k} if s.top_k else {}  # not OpenAI's: sent only when set
         fig, parts, stop, error = Figures(), PartsBuilder(), "end", ""

@@ -163,7 +163,7 @@ class Engine:
 def finish_reason(st: TurnStats, stopped: bool) -> str:
     if stopped or st.stop == "end":
         return "stop"
-    return "length" if st.stop == "length" else "cancelled"
+    return "length" if st.stop in ("length", "context") else "cancelled"
 
 
 def figures(st: TurnStats, swap: Swap, t0: float) -> tuple[dict, dict]:

@@ -32,7 +32,7 @@ CREATE TABLE IF NOT EXISTS messages (
     content TEXT NOT NULL,
     token_ids TEXT NOT NULL,             -- JSON ids of this message's span of the token list
     tool_calls TEXT NOT NULL DEFAULT '[]',
-    stop TEXT NOT NULL DEFAULT '',       -- why a reply ended: end | length | cancel | error ('' = not known)
+    stop TEXT NOT NULL DEFAULT '',       -- why a reply ended: end | length | context | cancel | error ('' = not known)
     PRIMARY KEY (chat_id, seq)
 );
 CREATE INDEX IF NOT EXISTS chats_by_update ON chats(updated);

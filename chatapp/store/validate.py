@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from chatapp.chat.settings import SETTINGS, parse_settings, settings_text
 from model.errors import UserError
 
-STOPS = ("", "end", "length", "cancel", "error")  # TurnStats.stop, and '' for "not known"
+STOPS = ("", "end", "length", "context", "cancel", "error")  # TurnStats.stop, and '' for "not known"
 IN_CONTEXT = [-1]  # a damaged message's ids: "it was in the context", never fed to a model
 
 

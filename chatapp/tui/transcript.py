@@ -16,7 +16,8 @@ from chatapp.chat.kinds import Part
 from chatapp.tui.markdown import ReplyMarkdown
 from chatapp.tui.visible import visible
 
-STOP_NOTES = {"cancel": "stopped (Esc)", "length": "cut at max_new_tokens", "error": "cut off (the server failed)"}
+STOP_NOTES = {"cancel": "stopped (Esc)", "length": "cut at max_new_tokens", "context": "cut: the context is full",
+              "error": "cut off (the server failed)"}
 
 
 class UserMessage(Static):
