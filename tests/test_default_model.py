@@ -81,6 +81,27 @@ def test_greedy_headless_answer_offline(pulled):
     assert len(turns) == 1 and "Paris" in turns[0]["reply"], turns
 
 
+
+RSS_SLACK = 8 << 20  # the KV's last pages per layer, Python's own small objects; the leak was 31 MiB
+
+
+def test_rss_after_50_turns_grows_by_the_kv_added_only(pulled):
+    """Issue 44: the default model's RSS grew 200 MiB over a session. After each turn the store's
+    snapshot compaction (every 16 turns) freed copies of the whole cache that glibc kept resident:
+    31 MiB by turn 50 here. Each turn's `rss_bytes` is the process RSS the panel shows."""
+    lines = "".join(f"Say one word about the number {i}.\n" for i in range(1, 51))
+    r = cli("--headless", "--temperature", "0", "--max-new-tokens", "8", home=pulled.home, stdin=lines,
+            extra_env=OFFLINE)
+    assert r.returncode == 0, r.stderr[-2000:]
+    turns = {e["turn"]: e for e in map(json.loads, r.stdout.splitlines()) if e["event"] == "turn"}
+    assert len(turns) == 50
+    early, late = turns[5], turns[50]
+    grown, kv_added = late["rss_bytes"] - early["rss_bytes"], late["kv_bytes_used"] - early["kv_bytes_used"]
+    print(f"\nRSS turn 5 -> 50: {early['rss_bytes'] / 2**20:.1f} -> {late['rss_bytes'] / 2**20:.1f} MiB "
+          f"(+{grown / 2**20:.1f}); KV added {kv_added / 2**20:.1f} MiB")
+    assert kv_added > 16 << 20  # the chat really grew: 1,300+ positions
+    assert grown <= kv_added + RSS_SLACK
+
 def test_logits_match_transformers_gguf_loader(smollm, gguf_file):
     transformers = pytest.importorskip("transformers")
     ref_model = transformers.AutoModelForCausalLM.from_pretrained(

@@ -20,7 +20,7 @@ def test_turns_commands_and_errors_keep_the_conversation():
     assert t2["prefill_tokens"] < t1["prefill_tokens"]
     for key in ("turn", "user", "reply", "prefill_tokens", "cached_before", "cache_seqlens", "capacity",
                 "decode_tokens", "ttft_ms", "tokens_per_s", "stop", "kv_bytes_used", "kv_bytes_allocated",
-                "backend"):
+                "backend", "rss_bytes"):
         assert key in t1
     assert "unknown command /nope" in events[2]["message"]
     assert "UTF-8" in events[4]["message"]

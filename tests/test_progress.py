@@ -40,3 +40,14 @@ def test_the_decode_reports_at_most_every_progress_s(session, monkeypatch):
     monkeypatch.setattr(reply, "PROGRESS_S", 3600.0)
     events = list(session.send("again"))
     assert not [e for e in events if isinstance(e, Progress) and e.phase == "decode"]  # rate-limited away
+
+
+def test_the_turn_carries_the_rss_the_panel_shows(session):
+    """Issue 44: a turn's JSON carries `rss_bytes`, the process RSS of the panel's row, read as the
+    turn ends: between the last Progress's figure and the SessionFigures read right after."""
+    events = list(session.send("hi"))
+    (st,) = [e for e in events if isinstance(e, TurnStats)]
+    last = [e for e in events if isinstance(e, Progress)][-1].memory.rss
+    after = session.figures().memory.rss
+    assert min(last, after) - (8 << 20) <= st.rss_bytes <= max(last, after) + (8 << 20)
+    assert st.rss_bytes > 50 << 20  # torch alone is more: a real RSS, not a default

@@ -48,6 +48,7 @@ class TurnStats:
     tool_calls: list[ToolCall] = field(default_factory=list)
     thinking: str = ""       # the reply's thinking block, left out of `reply`
     reprefilled_tokens: int = 0  # of prefill_tokens, those a trim re-prefilled (chat/trim.py)
+    rss_bytes: int = 0       # the process's resident memory as the turn ended: the panel's "process RSS"
     event: str = "turn"
 
 

@@ -120,4 +120,4 @@ def stats(s: SessionLike, ex: Exchange, prefill_tokens: int, cached_before: int,
         capacity=s.cache.capacity, decode_tokens=n, ttft_ms=(t_first - t0) * 1000,
         tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0, stop=stop,
         kv_bytes_used=s.cache.bytes_used, kv_bytes_allocated=s.cache.bytes_allocated,
-        backend=s.lm.model.attn.name, tool_calls=list(ex.tool_calls))
+        backend=s.lm.model.attn.name, tool_calls=list(ex.tool_calls), rss_bytes=read_memory(str(s.cache.device)).rss)

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from safetensors import SafetensorError
 
 from chatapp.chat.events import CacheState, Error, Event, Info, Restored, Trimmed, TurnStats
+from chatapp.chat.memory import release_freed
 from chatapp.chat.session import Session
 from chatapp.keeper.base import Keeper
 from chatapp.keeper.reopen import stored_messages
@@ -72,6 +73,7 @@ class SavingKeeper(Keeper):
 
     def after_command(self) -> Iterator[Event]:
         yield from self.write_snapshot()
+        release_freed()  # a /model switch or a /retry's turn frees large blocks too
 
     # --- the turn's ordering ------------------------------------------------------
     def track(self, events: Iterator[Event]) -> Iterator[Event]:
@@ -93,6 +95,7 @@ class SavingKeeper(Keeper):
             yield from errors
             if isinstance(ev, TurnStats):
                 yield from self.write_snapshot()
+                release_freed()  # the turn's and the snapshot's large temporaries: RSS stays flat
                 low = s.cache.seqlen
 
     def autosave(self) -> Iterator[Event]:

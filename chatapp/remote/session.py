@@ -157,7 +157,7 @@ class RemoteSession:
                        cached_before=cached, cache_seqlens=f.prompt_tokens + f.completion_tokens,
                        capacity=self.context, decode_tokens=f.completion_tokens, ttft_ms=f.ttft_ms,
                        tokens_per_s=f.tokens_per_s, stop=stop, kv_bytes_used=0, kv_bytes_allocated=0,
-                       backend="remote")
+                       backend="remote", rss_bytes=read_memory("remote").rss)
         self.turn_stats.append(st)
         self.last = st
         return st
