@@ -72,8 +72,8 @@ def assert_decode_noise(gaps: list[float]) -> None:
 # --- the OpenAI-compatible server, running ----------------------------------------------------
 
 @contextlib.contextmanager
-def running(lm, queue_size: int = 128, slots: int = 3, api_key: str | None = None, context: int = 512,
-            max_new_tokens: int = 6):
+def running(lm, queue_size: int = 128, slots: int = 3, api_keys: tuple[str, ...] = (), context: int = 512,
+            max_new_tokens: int = 6, log=lambda line: None):
     # imported here: the GPU machine has no starlette or httpx, and conftest imports this module
     import httpx
 
@@ -85,7 +85,7 @@ def running(lm, queue_size: int = 128, slots: int = 3, api_key: str | None = Non
     defaults = Settings(temperature=0, max_new_tokens=max_new_tokens)
     engine = Engine(Session(lm, Settings(**vars(defaults)), context=context), defaults, queue_size,
                     SnapshotLRU(slots))
-    server = Server(make_app(engine, api_key), bind("127.0.0.1", 0)).start()
+    server = Server(make_app(engine, api_keys, log), bind("127.0.0.1", 0)).start()
     base = server.url.removesuffix("/v1")
     for _ in range(200):
         with contextlib.suppress(httpx.HTTPError):

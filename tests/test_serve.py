@@ -149,7 +149,7 @@ def test_a_conversation_longer_than_the_context_is_refused(client, served):
 
 
 def test_the_api_key_is_required_when_set(tiny):
-    with running(tiny, api_key="s3cret") as (server, _engine):
+    with running(tiny, api_keys=("s3cret",)) as (server, _engine):
         with pytest.raises(openai.AuthenticationError) as e:
             openai.OpenAI(base_url=server.url, api_key="wrong", max_retries=0).models.list()
         assert e.value.status_code == 401 and e.value.body["code"] == "invalid_api_key"

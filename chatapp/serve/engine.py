@@ -120,7 +120,7 @@ class Engine:
     def _serve(self, job: Job) -> None:
         s, req = self.session, job.req
         s.settings = replace(self.defaults, **req.settings(), system=s.settings.system)
-        swap = self.lru.prepare(s, req.messages)
+        swap = self.lru.prepare(s, req.messages, req.isolation)
         t0 = time.perf_counter()
         scanner, text, stats, failed = StopScanner(req.stop), [], None, False
         for ev in s.respond_to(req.messages):

@@ -7,6 +7,13 @@ token list and exchanges) and the snapshot is copied in; `Session.respond_to` th
 longest common prefix as usual. Conversations are matched by their messages' text (the system
 prompt, then whole user/assistant pairs), which needs no rendering; the token-level match is
 respond_to's. The copies stay on the cache's device: a restore is one tensor copy, timed.
+
+Every conversation carries the isolation key of the requests that built it (the API key among
+several, and `cache_salt`: `ChatRequest.isolation`). A request never reuses a cache built under
+another key, the live one or a snapshot: before it runs, a live cache of another key is stashed
+under its own key and emptied. Otherwise `cached_tokens` would tell one client how much of its
+prompt another client's prompt shares, token by token (issue 45: a PIN in a system prompt read
+back by guessing).
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ import torch
 
 from chatapp.chat.session import Exchange, Session
 
-Key = tuple[str | None, tuple[tuple[str, str], ...]]  # (system, ((user, reply), ...))
+Isolation = tuple[int, str | None]  # (which API key, cache_salt): ChatRequest.isolation
+Key = tuple[Isolation, str | None, tuple[tuple[str, str], ...]]  # (isolation, system, ((user, reply), ...))
 
 
 def split(messages: list[dict]) -> tuple[str | None, list[tuple[str, str]], str]:
@@ -29,23 +37,28 @@ def split(messages: list[dict]) -> tuple[str | None, list[tuple[str, str]], str]
     return system, list(zip(rest[0:-1:2], rest[1::2], strict=True)), rest[-1]
 
 
-def request_key(messages: list[dict]) -> Key:
+def request_key(messages: list[dict], isolation: Isolation) -> Key:
     """What of the conversation a request's cache could already hold: all but its last message."""
     system, pairs, _user = split(messages)
-    return system, tuple(pairs)
+    return isolation, system, tuple(pairs)
 
 
 def score(have: Key, want: Key) -> int:
-    """How much of `want` a conversation `have` starts with: 0 nothing, 1 the system prompt,
-    then one more per leading exchange."""
-    if have[0] != want[0]:
+    """How much of `want` a conversation `have` starts with: 0 nothing (or another isolation
+    key's), 1 the system prompt, then one more per leading exchange."""
+    if have[:2] != want[:2]:
         return 0
     n = 0
-    for a, b in zip(have[1], want[1], strict=False):
+    for a, b in zip(have[2], want[2], strict=False):
         if a != b:
             break
         n += 1
     return 1 + n
+
+
+def whole(key: Key) -> int:
+    """The score of a conversation against itself: all of it."""
+    return 1 + len(key[2])
 
 
 @dataclass
@@ -77,27 +90,33 @@ class SnapshotLRU:
         self.slots, self.budget = slots, budget_bytes
         self.snaps: OrderedDict[int, Snapshot] = OrderedDict()  # oldest first
         self.live: Key | None = None     # the conversation the live cache holds, as its messages
+        self.owner: Isolation = (0, None)  # whose requests built what the live cache holds (kept past a failure)
         self.next_id = 0
 
     def remember(self, messages: list[dict], reply: str) -> None:
         """After a request: the live cache holds its conversation plus the reply it sent."""
         system, pairs, user = split(messages)
-        self.live = (system, (*pairs, (user, reply)))
+        self.live = (self.owner, system, (*pairs, (user, reply)))
 
     def forget_live(self) -> None:
         self.live = None
 
-    def prepare(self, s: Session, messages: list[dict]) -> Swap:
-        """Before a request: swap in the snapshot that holds more of its conversation than the
-        live cache does (stashing the live one), if there is one."""
-        want = request_key(messages)
+    def prepare(self, s: Session, messages: list[dict], isolation: Isolation) -> Swap:
+        """Before a request: empty a live cache another isolation key built (stashing it), then
+        swap in the snapshot that holds more of its conversation than the live cache does
+        (stashing the live one), if there is one."""
+        if isolation != self.owner:
+            self.stash(s)
+            s.adopt([], [])  # nothing another key's requests left in the cache may be reused
+            self.live, self.owner = None, isolation
+        want = request_key(messages, isolation)
         live = score(self.live, want) if self.live is not None else 0
         best = max(self.snaps.items(), key=lambda kv: score(kv[1].key, want), default=None)
         if best is not None and score(best[1].key, want) > live:
             del self.snaps[best[0]]
             self.stash(s)
             return self.restore(s, best[1])
-        if self.live is not None and live < 1 + len(self.live[1]):
+        if self.live is not None and live < whole(self.live):
             self.stash(s)  # the request does not continue the live chat: keep a copy before it is rewound
         return Swap()
 
@@ -110,7 +129,7 @@ class SnapshotLRU:
         snap = Snapshot(self.live, list(s.tokens), exchanges, s.settings.system, c.seqlen,
                         c.k_cache[:, :, :c.seqlen].clone(), c.v_cache[:, :, :c.seqlen].clone(),
                         {n: b[:, :c.seqlen].clone() for n, b in c.state.items()})
-        for i in [i for i, sn in self.snaps.items() if score(sn.key, snap.key) == 1 + len(sn.key[1])]:
+        for i in [i for i, sn in self.snaps.items() if score(sn.key, snap.key) == whole(sn.key)]:
             del self.snaps[i]  # an older copy of the same chat: this one holds all of it
         self.snaps[self.next_id] = snap
         self.next_id += 1

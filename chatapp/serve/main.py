@@ -15,6 +15,7 @@ from chatapp.serve.app import make_app
 from chatapp.serve.engine import Engine
 from chatapp.serve.kvlru import SnapshotLRU
 from model.errors import UserError
+from model.escapes import escape_controls, to_stderr
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -55,17 +56,24 @@ class Server:
         self.sock.close()
 
 
+def banner(model: str, url: str, context: int, args: argparse.Namespace) -> str:
+    """The start-up line. The model's name comes from its files (config.json, GGUF metadata):
+    escaped, so a name holding ESC cannot drive the terminal."""
+    keys = len(args.api_keys)
+    auth = "" if not keys else ", API key required" if keys == 1 else f", {keys} API keys, each with its own cache"
+    return escape_controls(f"nanochat-tui serve: {model} at {url} (context {context}, queue {args.queue_size}, "
+                           f"{args.kv_slots} KV snapshot slots{auth})")
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; `args` as chatapp/serve/flags.py checked them."""
     args.system, args.low_water = None, None
     defaults = settings_from(args)
-    session = open_session(args, progress=lambda m: print(m, file=sys.stderr))
+    session = open_session(args, progress=to_stderr)
     sock = bind(args.host, args.port)
     engine = Engine(session, defaults, args.queue_size, SnapshotLRU(args.kv_slots, args.kv_budget_mb << 20))
-    server = Server(make_app(engine, args.api_key), sock)
-    print(f"nanochat-tui serve: {session.lm.name} at {server.url} (context {session.cache.capacity}, "
-          f"queue {args.queue_size}, {args.kv_slots} KV snapshot slots"
-          f"{', API key required' if args.api_key else ''})", file=sys.stderr, flush=True)
+    server = Server(make_app(engine, args.api_keys), sock)
+    print(banner(session.lm.name, server.url, session.cache.capacity, args), file=sys.stderr, flush=True)
     try:
         server.server.run(sockets=[sock])
     finally:

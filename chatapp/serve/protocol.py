@@ -19,6 +19,7 @@ from chatapp.chat.settings import SETTINGS
 from chatapp.serve.messages import BadMessages, normalize
 
 MAX_STOPS = 4  # what OpenAI's API allows
+MAX_SALT = 1024  # vLLM suggests 43 characters (256 random bits in base64)
 
 
 class ApiError(Exception):
@@ -49,6 +50,8 @@ class ChatRequest:
     max_tokens: int | None = None
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    cache_salt: str | None = None  # vLLM's field: cached prefixes are shared only under the same salt
+    key_id: int = 0                # which of the server's API keys sent it (app.py)
     id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -57,6 +60,12 @@ class ChatRequest:
         d = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
              "max_new_tokens": self.max_tokens, "seed": self.seed}
         return {k: v for k, v in d.items() if v is not None}
+
+    @property
+    def isolation(self) -> tuple[int, str | None]:
+        """Requests share cached prefixes, and so learn of each other's prompts through
+        `cached_tokens`, only when this is equal (docs/serve.md, cache isolation)."""
+        return self.key_id, self.cache_salt
 
 
 REFUSED = {"tools": "tool calling", "tool_choice": "tool calling", "functions": "function calling",
@@ -95,7 +104,8 @@ def parse_request(raw: bytes) -> ChatRequest:
                        top_p=number(body, "top_p", "top_p", float),
                        top_k=number(body, "top_k", "top_k", int),
                        max_tokens=number({"max_tokens": max_tokens}, "max_tokens", "max_new_tokens", int),
-                       seed=number(body, "seed", "seed", int), stop=stops(body.get("stop")))
+                       seed=number(body, "seed", "seed", int), stop=stops(body.get("stop")),
+                       cache_salt=salt(body.get("cache_salt")))
 
 
 def flag(body: dict, name: str) -> bool:
@@ -111,10 +121,31 @@ def number(body: dict, name: str, setting: str, typ: type) -> float | int | None
     if v is None:
         return None
     _, ok, valid = SETTINGS[setting]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (typ is int and v != int(v)) \
-            or not math.isfinite(v) or not ok(typ(v)):
-        raise ApiError(400, f"{name} must be {valid}, got {json.dumps(v)}", param=name)
-    return typ(v)
+    x = exactly(v, typ)
+    if x is None or not ok(x):
+        raise ApiError(400, f"{name} must be {valid}, got {json.dumps(v)[:40]}", param=name)
+    return x
+
+
+def exactly(v: object, typ: type) -> float | int | None:
+    """`v` as `typ` when it is a JSON number that `typ` holds exactly (finite; whole for an int),
+    else None. Checked before converting: int() raises on 1e999 and NaN, float() on a 400-digit int."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or (isinstance(v, float) and not math.isfinite(v)):
+        return None
+    try:
+        x = typ(v)
+    except OverflowError:
+        return None
+    return x if x == v else None
+
+
+def salt(v: object) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v or len(v) > MAX_SALT:
+        raise ApiError(400, f"cache_salt must be a non-empty string of at most {MAX_SALT} characters",
+                       param="cache_salt")
+    return v
 
 
 def stops(v: object) -> list[str]:
