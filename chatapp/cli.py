@@ -40,6 +40,12 @@ def run_chat(argv: list[str]) -> int:
     lenient_terminal_input()
     app = ChatApp(args)
     app.run()
+    if app.loading.running:  # quit while the model loads: nothing to save, and no reason to wait for it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # the load thread may be inside torch's import or a pull: leaving through the interpreter's
+        # shutdown would wait for it or tear torch down under it; os._exit does neither
+        os._exit(app.return_code or 0)
     if app.keeper is not None:  # the screen is gone: the last save, and a line if turns are not on disk
         from chatapp.keeper.final_save import final_save
 

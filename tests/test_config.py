@@ -7,13 +7,12 @@ import subprocess
 import sys
 
 import pytest
-from tui_pilot import make_app, ready, until
+from tui_pilot import make_app, notices, ready, until
 
 from chatapp.chat.events import CacheState, Error, Info
 from chatapp.config import load_config
 from chatapp.launch import open_chat
 from chatapp.options import FlagError, chat_parser
-from chatapp.tui.screens import ErrorScreen
 
 GOOD = """model = "random:tiny"
 theme = "nord"
@@ -118,12 +117,16 @@ async def test_theme_from_the_config_then_slash_theme(config):
 
 
 @pytest.mark.anyio
-async def test_a_bad_flag_has_its_own_title_and_the_error_screen_hides_chat_keys():
+async def test_a_bad_flag_is_one_line_with_its_own_title_and_the_app_stays_up():
     app = make_app("--context", "0")
     async with app.run_test(size=(120, 40)) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, ErrorScreen), what="the error screen")
-        screen = app.screen
-        assert screen.title_text == "A setting is not valid" and "--context must be at least 16" in screen.message
+        await until(pilot, lambda: app.loading.failed, what="the load to fail")
         await pilot.pause()
-        footer = " ".join(str(k.render()) for k in app.screen.query("FooterKey"))
-        assert "Quit" in footer and "Chats" not in footer and "Copy reply" not in footer, footer
+        errors = notices(app, "error")
+        assert len(errors) == 1 and "\n" not in errors[0], errors
+        assert errors[0].startswith("A setting is not valid: --context must be at least 16"), errors
+        await pilot.press(*"hello", "enter")  # no model: the message stays in the box
+        await pilot.pause()
+        assert app.input.text == "hello" and app.session is None
+        await pilot.press("ctrl+q")
+    assert app.return_code == 0

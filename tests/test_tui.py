@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from textual import events
@@ -9,7 +11,8 @@ from textual.widgets import Markdown, Sparkline
 from tui_pilot import endless, make_app, notices, ready, replies, row, submit, until
 
 from chatapp.chat.figures import human_ms
-from chatapp.tui.screens import ErrorScreen, HelpScreen
+from chatapp.launch import open_chat
+from chatapp.tui.screens import HelpScreen
 from chatapp.tui.transcript import UserMessage
 
 SIZE = (120, 40)
@@ -172,14 +175,83 @@ async def test_help_screen_from_key_and_command():
         assert isinstance(app.screen, HelpScreen)
 
 
-async def test_model_that_fails_to_load_shows_an_error_screen():
+async def test_a_model_that_fails_to_load_is_one_line_and_model_spec_loads_another():
     app = make_app("--model", "random:nope")
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, ErrorScreen), what="the error screen")
-        message = app.screen.message
-        assert message.startswith("unknown random preset 'nope'") and "\n" not in message
-        await pilot.press("q")
-    assert app.return_code == 0
+        await until(pilot, lambda: app.loading.failed, what="the load to fail")
+        await pilot.pause()
+        [error] = notices(app, "error")
+        assert error.startswith("The model could not be loaded: unknown random preset 'nope'") and "\n" not in error
+        assert app.sub_title == "no model"
+        await pilot.press(*"/model random:tiny", "enter")  # the app stayed up: load another
+        await ready(pilot)
+        assert app.session.lm.name == "random:tiny" and not app.loading.failed
+        await submit(pilot, "hello")
+        assert app.session.exchanges[0].user == "hello" and replies(app) == [app.session.exchanges[0].reply]
+
+
+def gated_opener(gate: threading.Event):
+    """The real opener (chatapp/launch.py), held until the test opens `gate`: what the app does
+    while a model loads, at the test's pace."""
+    def opener(args, progress):
+        gate.wait(60)
+        return open_chat(args, progress)
+    return opener
+
+
+async def test_the_input_box_takes_a_message_while_the_model_loads_and_sends_it_once_ready():
+    gate = threading.Event()
+    app = make_app(opener=gated_opener(gate))
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            assert app.session is None and app.input.has_focus and not app.input.disabled
+            await pilot.press(*"hello there", "enter")
+            await pilot.pause()
+            assert [w.text for w in app.transcript.query(UserMessage)] == ["hello there"]
+            assert app.input.text == "" and app.loading.queued == "hello there"
+            await pilot.press(*"second", "enter")  # one message waits; the next stays in the box
+            await pilot.pause()
+            assert app.input.text == "second" and app.loading.queued == "hello there"
+            app.input.load_text("")
+            await pilot.press(*"/reset", "enter")  # so does a command that needs the model
+            await pilot.pause()
+            assert app.input.text == "/reset"
+            app.input.load_text("")
+            gate.set()
+            await until(pilot, lambda: app.inputs_done == 1 and not app.busy, what="the queued message's turn")
+            await pilot.pause()
+            s = app.session
+            assert [ex.user for ex in s.exchanges] == ["hello there"]
+            assert [w.text for w in app.transcript.query(UserMessage)] == ["hello there"]
+            assert replies(app) == [s.exchanges[0].reply]
+            assert row(app, "cache_seqlens") == f"{s.cache.seqlen} / {s.cache.capacity}"
+    finally:
+        gate.set()
+
+
+async def test_esc_takes_back_a_waiting_message_and_ctrl_q_quits_during_the_load():
+    gate = threading.Event()
+    app = make_app(opener=gated_opener(gate))
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            await pilot.press(*"/help", "enter")  # a command that needs no model
+            await pilot.pause()
+            assert isinstance(app.screen, HelpScreen)
+            await pilot.press("escape")
+            await pilot.press(*"wait for me", "enter")
+            await pilot.pause()
+            assert app.loading.queued == "wait for me"
+            await pilot.press("escape")
+            await pilot.pause()
+            assert app.loading.queued is None and app.input.text == "wait for me"
+            assert not app.transcript.query(UserMessage)
+            await pilot.press("ctrl+q")
+            await until(pilot, lambda: not app.is_running, what="the app to quit")
+        assert app.session is None and app.loading.running  # it quit without waiting for the model
+    finally:
+        gate.set()
 
 
 async def test_enter_sends_ctrl_j_adds_a_line_and_up_recalls():

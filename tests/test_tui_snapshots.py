@@ -1,4 +1,4 @@
-"""Snapshots (pytest-textual-snapshot) of the main, help and error screens.
+"""Snapshots (pytest-textual-snapshot) of the main and help screens and a failed load.
 
 Deterministic: random:tiny with a fixed seed and greedy decoding, and `stable=True`, which
 hides the figures that change between runs (process memory, timings). Update them with
@@ -11,7 +11,6 @@ from tui_pilot import make_app, ready, submit, until
 
 from chatapp.chat.kinds import Part
 from chatapp.tui.markdown import chat_markdown
-from chatapp.tui.screens import ErrorScreen
 
 SIZE = (120, 36)
 GREEDY = ("--temperature", "0", "--seed", "7", "--max-new-tokens", "32")
@@ -34,9 +33,10 @@ def test_help_screen(snap_compare):
     assert snap_compare(make_app(*GREEDY, stable=True), terminal_size=SIZE, run_before=help)
 
 
-def test_error_screen(snap_compare):
+def test_a_failed_load_is_one_line(snap_compare):
     async def fail(pilot):
-        await until(pilot, lambda: isinstance(pilot.app.screen, ErrorScreen), what="the error screen")
+        await until(pilot, lambda: pilot.app.loading.failed, what="the load to fail")
+        await pilot.pause()
 
     app = make_app("--model", "random:nope", stable=True)
     assert snap_compare(app, terminal_size=SIZE, run_before=fail)

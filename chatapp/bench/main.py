@@ -24,6 +24,7 @@ from chatapp.bench.peer import hf_static_decode
 from chatapp.bench.profile import graph_step_us, kernel_table
 from chatapp.bench.report import print_model, summary_line
 from chatapp.bench.resume import bench_resume
+from chatapp.bench.startup import main as startup_main
 from chatapp.bench.tokenize import print_tokenizer_speed, tokenizer_speed
 from chatapp.bench.turns import multiturn, script_tokens
 from model.decode.generate import Generator
@@ -153,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         print_tokenizer_speed(rows)
         print(json.dumps({"tokenizer_speed": rows}))
         return 0
+    if argv[:1] == ["--startup"]:   # the TUI's start-up, in a pseudo-terminal: no model in this process
+        return startup_main(argv[1:])
     args = parse(argv)
     device = torch.device(args.device)
     peak = peak_bandwidth(device)

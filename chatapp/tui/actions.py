@@ -15,7 +15,7 @@ from chatapp.tui.chats_screen import ChatAction, ChatsScreen
 from chatapp.tui.editing import Editing
 from chatapp.tui.face import Face
 from chatapp.tui.input import ChatInput
-from chatapp.tui.screens import ErrorScreen, HelpScreen
+from chatapp.tui.screens import HelpScreen
 from chatapp.tui.turns import Turns
 
 
@@ -23,8 +23,9 @@ class Actions:
     def __init__(self, app: Face, turns: Turns, editing: Editing) -> None:
         self.app, self.turns, self.editing = app, turns, editing
 
-    def stop(self) -> None:
-        if not self.turns.stop():
+    async def stop(self) -> None:
+        """Esc: stop the reply; else take back a message waiting for the model; else leave an edit."""
+        if not self.turns.stop() and not await self.turns.loading.take_back():
             self.editing.cancel_edit()
 
     def quit(self) -> None:
@@ -73,7 +74,7 @@ class Actions:
 
     async def copy_reply(self) -> None:
         """Ctrl+Y: the last reply to the clipboard, through /copy (the session knows its text)."""
-        if not isinstance(self.app.screen, (HelpScreen, ChatsScreen, ErrorScreen)):
+        if not isinstance(self.app.screen, (HelpScreen, ChatsScreen)):
             await self.app.submit("/copy")
 
     def large_paste(self, msg: ChatInput.LargePaste) -> None:

@@ -27,10 +27,9 @@ from chatapp.tui.clipboard import CodeTranscript
 from chatapp.tui.editing import Editing
 from chatapp.tui.face import EventSource
 from chatapp.tui.input import ChatInput
-from chatapp.tui.loading import Loading, Opener
+from chatapp.tui.loading import WAITING, Loading, Opener
 from chatapp.tui.model_screen import ModelPicker
 from chatapp.tui.prefill_watch import PrefillWatch
-from chatapp.tui.screens import ErrorScreen
 from chatapp.tui.show import SessionView
 from chatapp.tui.token_count import InputBorder
 from chatapp.tui.transcript import Transcript
@@ -40,7 +39,6 @@ from chatapp.tui.visible import visible
 if TYPE_CHECKING:  # the keeper imports torch, which must not delay the first frame
     from chatapp.keeper.keeper import ChatKeeper
 
-CHAT_ACTIONS = {"stop", "chats", "copy_reply", "help"}
 SWITCH_INTERVAL_S = 0.001
 
 
@@ -51,7 +49,7 @@ class ChatApp(App[None]):
     # had no columns left and Textual crashed drawing it): the chat gets the whole width.
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (80, "-wide")]
     BINDINGS = [
-        Binding("escape", "stop", "Stop reply"),  # CHAT_ACTIONS above: the ones the error screen hides
+        Binding("escape", "stop", "Stop reply"),
         Binding("f1", "help", "Help"),
         Binding("ctrl+o", "chats", "Chats"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
@@ -71,23 +69,24 @@ class ChatApp(App[None]):
         self.border = InputBorder(self)
         self.editing = Editing(self)
         self.models = ModelPicker(self)
-        self.turns = Turns(self, self.border)
+        self.loading = Loading(self, args, opener)
+        self.turns = Turns(self, self.border, self.loading)
         self.actions = Actions(self, self.turns, self.editing)
         self.view = SessionView(self, self.turns, self.border, self.editing, self.models, self.actions.quit)
-        self.loading = Loading(self, args, opener, self.view)
 
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="main"):
             with Vertical(id="chat"):
                 yield CodeTranscript(id="transcript")
-                yield ChatInput(id="input", disabled=True, placeholder="Loading the model…")
+                yield ChatInput(id="input", placeholder=WAITING)  # takes text at once (tui/loading.py)
             yield CachePanel(self.stable, id="panel")
         yield Footer()
 
     async def on_mount(self) -> None:
         self.view.prefill_watch = PrefillWatch(self.transcript)
         self.input.cursor_blink = not self.stable  # a blinking cursor would make snapshots flaky
+        self.input.focus()
         await self.loading.start()
 
     # --- what the parts use (tui/face.py) ----------------------------------------------
@@ -143,7 +142,7 @@ class ChatApp(App[None]):
         self.loading.progress(msg)
 
     async def on_load_failed(self, msg: LoadFailed) -> None:
-        await self.loading.failed(msg)
+        await self.loading.failed_load(msg)
 
     async def on_loaded(self, msg: Loaded) -> None:
         await self.loading.loaded(msg)
@@ -173,12 +172,8 @@ class ChatApp(App[None]):
         self.border.changed(event)
 
     # --- actions: the bindings' and the command table's (`screen=`) names ----------------
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """On the error screen the chat's keys do nothing: the footer leaves them out."""
-        return not (isinstance(self.screen, ErrorScreen) and action in CHAT_ACTIONS)
-
-    def action_stop(self) -> None:
-        self.actions.stop()
+    async def action_stop(self) -> None:
+        await self.actions.stop()
 
     def action_quit(self) -> None:
         self.actions.quit()

@@ -17,7 +17,7 @@ class Editing:
         """Ctrl+E: edit an earlier message: the one Up recalled if it is in the transcript, else
         the last one."""
         box, transcript = self.app.input, self.app.transcript
-        if box.disabled:
+        if self.app.session is None:
             self.app.notify("The model is still loading.", severity="warning")
             return
         choices = transcript.editable()

@@ -67,3 +67,5 @@ class Face(Protocol):
     def start_turn(self, events: EventSource, kind: str) -> None: ...   # in the turn worker
 
     def show_chat(self) -> None: ...                  # the header: the model and the stored chat
+
+    async def redraw(self) -> None: ...               # the transcript again, from the session

@@ -1,16 +1,15 @@
-"""The help screen (commands and keys) and the error screen (a model that failed to load)."""
+"""The help screen: commands and keys."""
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import VerticalScroll
 from textual.content import Content
-from textual.screen import ModalScreen, Screen
-from textual.widgets import Footer, Label, Static
+from textual.screen import ModalScreen
+from textual.widgets import Label, Static
 
 from chatapp.chat.commands import help_rows
-from chatapp.tui.visible import visible
 
 KEYS = [
     ("Enter", "send the message (or run the /command)"),
@@ -51,20 +50,3 @@ class HelpScreen(ModalScreen[None]):
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(result)
-
-
-class ErrorScreen(Screen[None]):
-    """A readable line instead of a traceback. The app cannot go on, so it offers to quit."""
-
-    BINDINGS = [Binding("escape,q,enter", "app.quit", "Quit", show=False)]
-
-    def __init__(self, message: str, title: str = "The model could not be loaded") -> None:
-        super().__init__()
-        self.message, self.title_text = message, title
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="error"):
-            yield Label(self.title_text, classes="title")
-            yield Static(Content(visible(self.message)), id="error-message")
-            yield Label("Press q, Esc or Enter to quit.", classes="hint")
-        yield Footer()

@@ -12,15 +12,18 @@ from chatapp.chat.events import Error
 from chatapp.tui.bridge import Gate, pump
 from chatapp.tui.face import EventSource, Face
 from chatapp.tui.input import ChatInput
+from chatapp.tui.loading import Loading
 from chatapp.tui.token_count import InputBorder
 from model.errors import UserError
+
+NO_MODEL_SCREENS = {"help", "quit", "themes"}   # the screen commands that work before a model is loaded
 
 
 class Turns:
     """The one-turn gate and what it knows of the turn in flight."""
 
-    def __init__(self, app: Face, border: InputBorder) -> None:
-        self.app, self.border = app, border
+    def __init__(self, app: Face, border: InputBorder, loading: Loading) -> None:
+        self.app, self.border, self.loading = app, border, loading
         self.busy = False
         self.kind = ""          # "send" or "command": what a failure gives back to the input box
         self.sent = ""          # the last message sent: handed back if the model fails on it
@@ -35,6 +38,8 @@ class Turns:
 
     async def submit(self, text: str) -> bool:
         """Send a message or run a command; False if the app cannot take it now."""
+        if self.app.session is None:
+            return await self.without_model(text)
         if not self.can_start():
             return False
         try:
@@ -51,6 +56,34 @@ class Turns:
         self.sent = text
         self.start(partial(self.app.keeper.send, text), "send")
         return True
+
+    async def without_model(self, text: str) -> bool:
+        """Input while no model is ready (loading, or its load failed): one message waits for it,
+        the commands that need no model run, `/model SPEC` after a failure loads that one; anything
+        else says why not and stays in the box."""
+        loading = self.loading
+        try:
+            parsed = parse_input(text)
+        except UserError as e:
+            self.app.notify(str(e), severity="error")
+            return False
+        if isinstance(parsed, Command):
+            if parsed.spec.screen in NO_MODEL_SCREENS:
+                return self.command(parsed)
+            if parsed.spec.name == "/model" and parsed.arg and loading.failed:
+                await loading.retry(parsed.arg)
+                return True
+            why = (f"{parsed.spec.name} needs a model: /model SPEC loads one" if loading.failed else
+                   f"The model is still loading: {parsed.spec.name} works once it is ready.")
+        elif loading.failed:
+            why = "No model is loaded: /model SPEC loads one."
+        elif loading.queued is not None:
+            why = "A message is already waiting for the model (Esc takes it back)."
+        else:
+            await loading.wait(parsed)
+            return True
+        self.app.notify(why, severity="warning")
+        return False
 
     def command(self, cmd: Command) -> bool:
         """A command the screen serves itself (its table entry names the action) runs here; the
