@@ -17,6 +17,7 @@ from functools import partial
 import torch
 
 from chatapp.chat.commands import is_text
+from chatapp.chat.memory import release_freed
 from chatapp.chat.presets import Presets
 from chatapp.chat.session import Session
 from chatapp.chat.settings import DEFAULTS, Settings, parse_settings, settings_text
@@ -141,6 +142,7 @@ def open_session(args: argparse.Namespace, progress=None, warn: Warn | None = No
         size = min(context or lm.context_length, lm.context_length)
         raise UserError(f"cannot allocate a {size:,}-token KV cache for {lm.name} ({e}); "
                         "try a smaller --context") from None
+    release_freed()  # the load's temporaries: gemma3-270m's conversion left 216 MiB resident
     # Said once the chat is ready, so an error before it stays the only line on stderr.
     if note := native_note(args):
         (warn or to_stderr)(note)

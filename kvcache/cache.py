@@ -34,7 +34,8 @@ class CacheOverflow(RuntimeError):
 
 
 class KVCache:
-    """K/V for `num_layers` layers, shaped (num_layers, B, T, H, D), allocated once.
+    """K/V for `num_layers` layers, shaped (num_layers, B, T, H, D), allocated once. On the CPU
+    its memory is committed as the chat grows: a page at a time, as positions are written.
 
     `cache_seqlens` lives on the cache's device (FA3 reads it there); `seqlen` is its host
     mirror, equal to it at every moment, so that capacity checks never need a device sync.
@@ -80,7 +81,7 @@ class KVCache:
         """Allocate a per-position state buffer (B, T, *shape) next to K/V."""
         if name not in self.state:
             b, t = self.batch_size, self.capacity
-            self.state[name] = torch.zeros((b, t, *per_position_shape), dtype=dtype, device=self.device)
+            self.state[name] = zeros((b, t, *per_position_shape), self.device, dtype)  # lazy, as K/V
         return self.state[name]
 
     @property

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from kvcache import CacheOverflow, KVCache
+from model.loading.options import LoadOptions
 
 
 def make(cap=32):
@@ -51,3 +52,38 @@ def test_state_buffers_count_in_bytes():
     base = c.bytes_per_token
     c.add_state("prev_emb", (16,), torch.float32)
     assert c.bytes_per_token == base + 16 * 4
+
+
+def rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+@pytest.mark.parametrize("spec", ["random:tiny", "random:tiny-gemma3"])
+def test_the_cpu_cache_commits_memory_as_the_chat_grows(spec):
+    """Issue 44: a cache of the model's whole context costs memory only for the positions written
+    (gemma3-270m's 32k context is 576 MiB of KV). 512 MiB reserved: RSS grows by the KV of the
+    tokens prefilled and a page per layer, not by the reservation. (The rotary tables follow the
+    capacity, computed at the first forward: measured from after it.)"""
+    from model.loading import load_model
+
+    lm = load_model(spec, LoadOptions(dtype=torch.float32))
+    per_token = lm.model.new_cache(1).bytes_per_token
+    before = rss()
+    cache = lm.model.new_cache((512 << 20) // per_token)
+    assert cache.bytes_allocated >= 500 << 20 and rss() - before < 16 << 20
+    with torch.no_grad():
+        lm.model(torch.tensor([[1]]), cache)  # the rotary tables, as long as the cache
+        cache.rewind(0)
+        before = rss()
+        lm.model(torch.randint(0, 256, (1, 200)), cache)
+    assert cache.seqlen == 200 and rss() - before < cache.bytes_used + (16 << 20)
+
+
+def test_per_position_state_is_committed_as_written_too():
+    c = make(cap=1 << 22)
+    before = rss()
+    ids = c.add_state("ids", (), torch.long)   # nanochat's previous-token ids: 32 MiB reserved
+    ids[0, :100] = 7
+    assert rss() - before < 4 << 20 and int(ids[0, 99]) == 7 and int(ids[0, 100]) == 0
