@@ -18,7 +18,7 @@ from chatapp.chat.commands import Command, is_text, parse_command, parse_input
 from chatapp.chat.events import Error, Event, Prefilling, Progress, Quit, Ready, TextDelta, to_json
 from chatapp.keeper.base import Keeper
 from chatapp.keeper.final_save import final_save
-from model.errors import UserError
+from model.errors import UserError, unexpected
 
 
 def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[Command | str | Error]:
@@ -72,16 +72,27 @@ def run_headless(keeper: Keeper, stream: BinaryIO, jsonl: bool = False, out: Tex
         if isinstance(item, Error):
             emit(item, out)
             continue
-        events = keeper.run(item) if isinstance(item, Command) else keeper.send(item)
+        if play(keeper.run(item) if isinstance(item, Command) else keeper.send(item), out):
+            return farewell(keeper, out)
+    return farewell(keeper, out)
+
+
+def play(events: Iterator[Event], out: TextIO) -> bool:
+    """Emit one input's events; True when they ask to quit. An exception nobody caught below
+    (the session puts the chat back itself: chat/undoable.py) is one error line, and the next
+    input is read."""
+    try:
         for ev in events:
             match ev:
                 case TextDelta() | Prefilling() | Progress():
                     continue  # the turn event carries the whole reply and its figures; the trim event the re-prefill's
                 case Quit():
-                    return farewell(keeper, out)
+                    return True
                 case _:
                     emit(ev, out)
-    return farewell(keeper, out)
+    except Exception as e:
+        emit(Error(unexpected(e)), out)
+    return False
 
 
 def farewell(keeper: Keeper, out: TextIO) -> int:

@@ -4,6 +4,7 @@ within a small memory bound; the vendors' templates stay far inside the limits."
 
 from __future__ import annotations
 
+import re
 import resource
 import time
 from pathlib import Path
@@ -11,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from model.chat_formats.bounded import Limits, TemplateBudgetError
-from model.chat_formats.jinja_env import render
-from model.chat_formats.recognize import recognize
+from model.chat_formats.jinja_env import compile_template, render
+from model.chat_formats.recognize import recognize, template_for
 
 HOSTILE = {
     "repeat": ("{{ 'ab' * 3000000000 }}", "repeated a value"),
-    "join": ("{{ (['x' * 1000000] * 100000) | join }}", "joined a list"),
+    "join": ("{{ (['x' * 1000000] * 100000) | join }}", "join filter would make"),
     "namespace": ("{% set ns = namespace(x='ab') %}{% for i in range(60) %}{% set ns.x = ns.x ~ ns.x %}"
                   "{% endfor %}{{ ns.x | length }}", "joined a string"),
     "doubling": ("{% set x = 'ab' * 1000 %}" + "{% set x = x ~ x %}" * 40 + "{{ x | length }}", "joined a string"),
@@ -58,3 +59,57 @@ def test_vendor_templates_stay_far_inside_the_limits(path):
                  eos_token="</s>")
     assert "message 40" in out
 
+
+
+# Issue 45: jinja2 folded constants while compiling, with no budget (center: 69 s, 4.3 GB), and
+# `%` was not intercepted; ten more templates raised at load with a traceback.
+COMPILE_TIME = {
+    "center": ('{{ "x"|center(1000000000) }}', "center filter"),
+    "indent-float": ('{{ "x"|indent(3e8) }}', "indent filter"),
+    "percent-width": ('{{ "%1500000000s" % "x" }}', "% formatting would make 1,500,000,0"),
+    "percent-precision": ('{{ "%.1000000000f" % 1.0 }}', "% formatting"),
+    "format-filter": ('{{ "%1500000000s"|format("x") }}', "format filter would make"),
+    "str-format": ('{{ "{:>1000000000}".format("x") }}', "str.format would make"),
+    "join-separator": ("{{ ([''] * 1000000)|join('y' * 100) }}", "join filter would make"),
+    "wordwrap": ('{{ ("x " * 1000000)|wordwrap(1, wrapstring="y" * 100) }}', "wordwrap filter would make"),
+    "expandtabs": ('{{ ("\t" * 1000000).expandtabs(1000) }}', "str.expandtabs would make"),
+    "str-join": ('{{ ",".join(["x" * 1000000] * 100) }}', "str.join would make"),
+    "list-printed": ("{{ ['x' * 1000000] * 1000000 }}", "output would make"),
+}
+RAISING = {  # each failed at load with a traceback
+    "floordiv": ("{{ 1//0 }}", "ZeroDivisionError"),
+    "percent-c": ('{{ "%c" % 1114112 }}', "OverflowError"),
+    "percent-d": ('{{ "%d" % "x" }}', "TypeError"),
+    "format": ("{{ '{}'|format(1, 2) }}", "TypeError"),
+    "encode": ('{{ "x".encode("nope") }}', "LookupError"),
+    "slice": ("{{ [1, 2]|slice(0)|list }}", "ZeroDivisionError"),
+    "sum": ("{{ 5|sum }}", "TypeError"),
+    "sort": ("{{ 5|sort }}", "TypeError"),
+    "first": ("{{ 5|first }}", "TypeError"),
+}
+
+
+@pytest.mark.parametrize("name", list(COMPILE_TIME))
+def test_compile_time_and_formatting_are_bounded(name, tiny):
+    source, words = COMPILE_TIME[name]
+    compile_template.cache_clear()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=f"chat template not supported: .*{re.escape(words)}") as e:
+        template_for(tiny.tokenizer, source)
+    assert time.perf_counter() - t0 < 1.0 and "\n" not in str(e.value)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 300 * 1024  # KiB
+
+
+@pytest.mark.parametrize("name", list(RAISING))
+def test_a_template_that_raises_is_refused_at_load_in_one_line(name, tiny):
+    source, kind = RAISING[name]
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=f"chat template not supported: it fails on a plain chat .*{kind}") as e:
+        template_for(tiny.tokenizer, source)
+    assert time.perf_counter() - t0 < 1.0 and "\n" not in str(e.value)
+
+
+def test_a_template_that_renders_nothing_is_refused_at_load(tiny):
+    with pytest.raises(ValueError, match="chat template not supported: it renders a chat as nothing"):
+        template_for(tiny.tokenizer, "{% if false %}x{% endif %}")

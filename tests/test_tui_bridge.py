@@ -92,7 +92,8 @@ def test_an_exception_in_a_turn_becomes_an_error_event_and_the_turn_ends():
 
     pump(events(), posted.append)
     assert isinstance(posted[0], TextBatch) and posted[0].text == "partial"
-    assert isinstance(posted[1].event, Error) and posted[1].event.message == "internal error: RuntimeError: boom"
+    assert isinstance(posted[1].event, Error)   # one line, naming where it came from
+    assert posted[1].event.message == "internal error in tests.test_tui_bridge:events: RuntimeError: boom"
     assert isinstance(posted[-1], TurnFinished)
 
 

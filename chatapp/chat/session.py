@@ -28,7 +28,7 @@ from chatapp.chat.stats import session_stats
 from chatapp.chat.undoable import undoable
 from model.chat_formats.whole import Rendered
 from model.decode.generate import Generator
-from model.errors import UserError
+from model.errors import UserError, unexpected
 from model.loading import LoadedModel
 
 
@@ -126,6 +126,9 @@ class Session:
             new = self.user_tokens(text, first=not self.exchanges)
         except UserError as e:
             yield Error(str(e))
+            return
+        except Exception as e:  # nothing has changed yet: the turn is refused in one line
+            yield Error(unexpected(e))
             return
 
         def turn() -> Iterator[Event]:

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from chatapp.chat.events import Error, Event
 from chatapp.chat.session_like import SessionLike
-from model.errors import UserError
+from model.errors import UserError, where
 
 
 def undoable(s: SessionLike, turn: Iterator[Event]) -> Iterator[Event]:
@@ -32,5 +32,5 @@ def undoable(s: SessionLike, turn: Iterator[Event]) -> Iterator[Event]:
         if isinstance(e, UserError):   # the chat template refused the chat (chat_formats/whole.py)
             yield Error(f"{reason}; the chat is as it was before this message")
             return
-        yield Error(f"the model failed during this turn ({type(e).__name__}: {reason}); "
+        yield Error(f"the model failed during this turn ({type(e).__name__} in {where(e)}: {reason}); "
                     f"the chat is as it was before it")

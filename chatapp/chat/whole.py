@@ -20,6 +20,7 @@ from chatapp.chat.events import Event, Trimmed
 from chatapp.chat.exchange import Exchange
 from chatapp.chat.session_like import SessionLike
 from model.chat_formats.whole import Pair, Rendered
+from model.errors import UserError
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -72,7 +73,10 @@ def sync(s: SessionLike, user: str | None) -> None:
     """The token list for the exchanges in the context and, with `user`, the next message up to
     where the model answers it."""
     exchanges = list(s.exchanges)
-    adopt(s, s.template.render(s.system, pairs_of(s, exchanges), user), exchanges)
+    r = s.template.render(s.system, pairs_of(s, exchanges), user)
+    if user is not None and not r.tokens:   # refused before the cache is cut to the (empty) common prefix
+        raise UserError("the model's chat template renders this chat as no tokens; nothing was sent")
+    adopt(s, r, exchanges)
 
 
 def close(s: SessionLike, ex: Exchange, generated: list[int]) -> None:

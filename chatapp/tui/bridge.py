@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from textual.message import Message
 
 from chatapp.chat.events import Error, Event, Progress, SessionFigures, TextDelta, TextKind
+from model.errors import unexpected
 
 BATCH_INTERVAL_S = 0.05
 DRAW_SHARE = 6   # the next batch waits this many times the last one's draw: the UI busy <= 1/7 of the time
@@ -145,7 +146,7 @@ def pump(events: Iterable[Event], post: Callable[[Message], object], gate: Gate 
                 flush()
     except Exception as e:  # a bug in a turn must not take the whole UI down with it
         flush()
-        post(SessionEvent(Error(f"internal error: {type(e).__name__}: {e}")))
+        post(SessionEvent(Error(unexpected(e))))
     finally:
         flush()
         post(TurnFinished(read_figures(figures)))

@@ -11,13 +11,22 @@ bounded: output size, steps, time and nesting (chat_formats/bounded.py).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from functools import lru_cache
 
 import jinja2
 import jinja2.ext
 
-from model.chat_formats.bounded import BoundedSandbox, Limits, TemplateBudgetError, bounded_filter, render_bounded
+from model.chat_formats.bounded import (
+    BoundedSandbox,
+    Budget,
+    Limits,
+    TemplateBudgetError,
+    bounded_filter,
+    budgeted,
+    failed,
+)
 
 LIMITS = Limits()
 MAX_SOURCE = 1 << 20  # characters of template source (the largest vendor template we know: ~20 KB)
@@ -33,16 +42,14 @@ def raise_exception(message: str):
 
 @lru_cache(maxsize=8)
 def compile_template(source: str) -> jinja2.Template:
-    """TemplateError (one line) for a template that cannot compile, a nesting too deep included."""
+    """TemplateError (one line) for a template that cannot compile, a nesting too deep included;
+    what jinja2 evaluates while compiling is bounded (bounded.py)."""
     env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = bounded_filter("tojson", tojson)
     env.globals["raise_exception"] = raise_exception
     if len(source) > MAX_SOURCE:
         raise TemplateBudgetError(f"the chat template is {len(source):,} characters (at most {MAX_SOURCE:,})")
-    try:
-        return env.from_string(source)
-    except (RecursionError, SyntaxError, MemoryError, OverflowError) as e:  # 1,000 nested ifs
-        raise TemplateBudgetError(f"the chat template is nested too deeply to compile ({type(e).__name__})") from None
+    return compile_bounded(env, source, LIMITS)
 
 
 def render(source: str, messages: list[dict], strftime: Callable[[str], str], add_generation_prompt: bool = True,
@@ -53,3 +60,41 @@ def render(source: str, messages: list[dict], strftime: Callable[[str], str], ad
     size = sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
     return render_bounded(compile_template(source), limits, size, messages=messages, tools=None, documents=None,
                           add_generation_prompt=add_generation_prompt, strftime_now=strftime, **special)
+
+
+def render_bounded(template: jinja2.Template, limits: Limits, input_size: int, **context) -> str:
+    """Render under a fresh budget: output, steps and time bounded; recursion caught; any other
+    exception the template raises is TemplateFailed (one line)."""
+    b = Budget(limits, limits.output_bytes + 4 * input_size, time.perf_counter() + limits.seconds)
+    with budgeted(b):
+        try:
+            out = []
+            for chunk in template.generate(**context):
+                b.output += len(chunk)
+                if b.output > b.size:
+                    raise TemplateBudgetError(f"the chat template's output passed {b.size:,} characters")
+                b.step()
+                out.append(chunk)
+            return "".join(out)
+        except RecursionError:
+            raise TemplateBudgetError("the chat template recursed too deeply") from None
+        except MemoryError:
+            raise TemplateBudgetError("the chat template ran out of memory") from None
+        except jinja2.TemplateError:
+            raise
+        except Exception as e:  # the template's own code failed: 1//0, "%d" % "x", sum over an int
+            raise failed(e) from None
+
+
+def compile_bounded(env: jinja2.Environment, source: str, limits: Limits) -> jinja2.Template:
+    """Compile under a budget: what jinja2 evaluates while compiling is bounded as a render is."""
+    with budgeted(Budget(limits, limits.output_bytes, time.perf_counter() + limits.seconds)):
+        try:
+            return env.from_string(source)
+        except (RecursionError, SyntaxError, MemoryError, OverflowError) as e:  # 1,000 nested ifs
+            raise TemplateBudgetError(f"the chat template is nested too deeply to compile ({type(e).__name__})") \
+                from None
+        except jinja2.TemplateError:
+            raise
+        except Exception as e:
+            raise failed(e) from None

@@ -70,7 +70,7 @@ class Probe:
                 self.seen[key] = render(self.source, messages(system, replies), marker, **self.special)
             except TemplateBudgetError as e:
                 raise ValueError(f"chat template refused: {e}") from None
-            except (jinja2.TemplateError, RecursionError, OverflowError, MemoryError, TypeError, ValueError) as e:
+            except jinja2.TemplateError as e:   # bounded.py makes every failure one of these
                 raise ValueError(f"chat template not supported: it fails on a plain chat ({type(e).__name__}: "
                                  f"{str(e).splitlines()[0][:120] if str(e) else ''}) {SUPPORTED}") from None
         return self.seen[key]
@@ -141,11 +141,13 @@ def whole_format(tokenizer: Tokenizer, source: str, default_system: str = "") ->
     fmt = TemplateFormat(tokenizer, default_system=default_system, source=source,
                          end_names=list(getattr(tokenizer, "end_names", ())))
     try:
-        fmt.render("", [(USERS[0], REPLIES[0], None)], USERS[1])   # no system prompt: some have no system role
+        chat = fmt.render("", [(USERS[0], REPLIES[0], None)], USERS[1])   # no system prompt: some have no system role
         fmt.render("", [(USERS[0], REPLIES[0], None)], None)
     except UserError as e:
         why = str(e).removeprefix("the model's chat template refuses this chat: ")
         raise ValueError(f"chat template not supported: it fails on a plain chat ({why})") from None
+    if not chat.tokens:   # the model would have nothing to answer (it was "cannot rewind to -1")
+        raise ValueError(f"chat template not supported: it renders a chat as nothing {SUPPORTED}")
     return fmt
 
 
