@@ -18,10 +18,11 @@ from helpers import running
 from chatapp.chat.events import CacheState, Error, TextDelta, TurnStats
 from chatapp.chat.settings import Settings
 from chatapp.options import chat_parser
-from chatapp.remote.client import Figures, OpenAIClient, read_figures
+from chatapp.remote.client import OpenAIClient
 from chatapp.remote.keeper import RemoteKeeper
 from chatapp.remote.open import open_remote
 from chatapp.remote.session import RemoteSession
+from chatapp.remote.wire import Figures, read_figures
 from model.errors import UserError
 
 

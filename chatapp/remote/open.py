@@ -9,9 +9,10 @@ from collections.abc import Callable
 
 from chatapp.chat.settings import DEFAULTS, Settings, parse_settings, settings_text
 from chatapp.options import given_sampling
-from chatapp.remote.client import OpenAIClient, RemoteError
+from chatapp.remote.client import OpenAIClient
 from chatapp.remote.keeper import RemoteKeeper
 from chatapp.remote.session import RemoteSession
+from chatapp.remote.wire import RemoteError
 from chatapp.store.database import ChatStore
 from chatapp.store.records import StoreError
 from model.errors import UserError

@@ -33,10 +33,12 @@ from chatapp.chat.events import (
 from chatapp.chat.kinds import Part, PartsBuilder
 from chatapp.chat.memory import read_memory
 from chatapp.chat.settings import Settings, set_command
-from chatapp.remote.client import Figures, OpenAIClient, RemoteError
+from chatapp.remote.client import OpenAIClient
+from chatapp.remote.wire import Figures, RemoteError
 from model.errors import UserError
 
 CHARS_PER_TOKEN = 4  # only to bound a /file attachment: the server's tokenizer is not here
+MOST_TOKENS = 1 << 17  # a reply's bound when neither the user's max_new_tokens nor the server's context says
 
 
 @dataclass
@@ -128,7 +130,8 @@ class RemoteSession:
         body |= {"top_k": s.top_k} if s.top_k else {}  # not OpenAI's: sent only when set
         fig, parts, stop, error = Figures(), PartsBuilder(), "end", ""
         try:
-            for d in self.client.chat(body, fig):  # the server's content is the answer: no token ids here
+            most = s.max_new_tokens or self.context or MOST_TOKENS  # enforced here too: a server may ignore it
+            for d in self.client.chat(body, fig, most):  # the server's content is the answer: no token ids here
                 delta = TextDelta(d.text, "thinking" if d.thinking else "answer")
                 parts.add(delta.kind, delta.text)
                 yield delta
