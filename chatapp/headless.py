@@ -38,19 +38,26 @@ def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[Command | str | Error
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            yield Error(f"line {n}: not valid JSON ({e.msg})")
+            yield Error(f"line {n}: not valid JSON: {json_problem(e)}; line skipped")
             continue
         except (RecursionError, ValueError):  # nested past Python's limit; an integer of 4,300+ digits
             yield Error(f"line {n}: JSON too deeply nested or with too large a number; line skipped")
             continue
         kind = next((k for k in ("user", "command") if isinstance(obj, dict) and isinstance(obj.get(k), str)), None)
         if kind is None:
-            yield Error(f'line {n}: expected {{"user": "..."}} or {{"command": "/..."}}')
+            yield Error(f'line {n}: expected {{"user": "..."}} or {{"command": "/..."}}; line skipped')
             continue
         if not is_text(obj[kind]):  # a JSON escape can name a lone surrogate, which no text holds
             yield Error(f"line {n}: not valid Unicode (a lone surrogate); line skipped")
             continue
         yield parsed(parse_command, obj[kind]) if kind == "command" else obj[kind]
+
+
+def json_problem(e: json.JSONDecodeError) -> str:
+    """The decoder's message with its place: its `msg` alone is cut mid-sentence ("Unterminated
+    string starting at", "Expecting value"), the place being in `str(e)` only."""
+    msg = e.msg[0].lower() + e.msg[1:]
+    return f"{msg}{'' if msg.endswith(' at') else ' at'} column {e.colno}"
 
 
 def parsed(parse: Callable[[str], Command | str], text: str) -> Command | str | Error:

@@ -132,11 +132,18 @@ def test_search_filters_by_title_and_message_and_esc_clears_it(tmp_path):
     assert results == [ChatAction("open", 4)]
 
 
-def test_the_list_counts_messages_as_edit_numbers_them(tmp_path):
+def test_the_list_counts_exchanges_as_edit_numbers_them_and_says_so(tmp_path):
+    """The column said "messages" over a count of exchanges (issue 44)."""
     store = ChatStore(tmp_path)
     fill(store, 1)  # one user message and its reply: message 1, as /edit 1 and the transcript say
-    _, rows = run(store)
-    assert rows[0][3] == "1"
+
+    async def go():
+        app = Host(store)
+        async with app.run_test() as pilot:
+            await pilot.pause()
+            table = app.screen.table
+            return [str(c.label) for c in table.columns.values()], table.get_row_at(0)[3]
+    assert asyncio.run(go()) == (["id", "title", "model", "exchanges", "updated"], "1")
 
 
 def test_renaming_the_open_chat_goes_through_the_keeper(tmp_path):

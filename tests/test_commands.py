@@ -83,7 +83,7 @@ def test_set_alone_shows_every_setting_and_stats_include_them(tiny):
     assert info.data["top_k"] == 7 and info.data["seed"] == 3 and set(info.data) == set(DEFAULTS)
     (stats,) = list(chat.run_command("/stats"))
     assert {k: stats.data[k] for k in DEFAULTS} == info.data
-    assert "top_k=7" in stats.text
+    assert "\n  top_k " in stats.text and stats.text.startswith("cache\n")
 
 
 def test_set_takes_name_value_as_people_type_it(tiny):

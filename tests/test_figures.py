@@ -6,7 +6,7 @@ import pytest
 import torch
 from tui_pilot import make_app, notices, ready, row, submit
 
-from chatapp.chat.figures import human_bytes, human_ms, stats_line
+from chatapp.chat.figures import human_bytes, human_ms, stats_text
 from chatapp.tui.cache_panel import LABEL_WIDTH, Row
 
 
@@ -17,12 +17,30 @@ def test_durations_and_sizes_read_as_people_say_them():
     assert human_bytes(7695360) == "7.3 MiB" and human_bytes(512) == "512 B"
 
 
-def test_stats_line_has_units_and_explains_pending_tokens():
-    line = stats_line({"cache_seqlens": 334, "tokens": 336, "kv_bytes_used": 7695360,
-                       "kv_bytes_allocated": 3 << 30, "last_ttft_ms": 62880.9, "last_tokens_per_s": 18.94})
-    assert "kv_used=7.3 MiB" in line and "kv_allocated=3.0 GiB" in line and "bytes" not in line
-    assert "last_ttft=62.9 s" in line and "last_speed=18.9 tok/s" in line
-    assert "tokens=336 (2 pending" in line
+def stats_rows(text: str) -> dict[str, dict[str, str]]:
+    """/stats's sections as {section: {name: value}}, checking every row's value starts in one column."""
+    sections, columns = {}, set()
+    for line in text.splitlines():
+        if not line.startswith("  "):
+            sections[line] = rows = {}
+            continue
+        name, value = line.split(None, 1)
+        columns.add(line.index(value, len(name) + 2))
+        rows[name] = value
+    assert len(columns) == 1, text
+    return sections
+
+
+def test_stats_are_aligned_rows_in_sections_with_units():
+    """/stats was one dense key=value block (issue 44)."""
+    text = stats_text({"cache_seqlens": 334, "tokens": 336, "kv_bytes_used": 7695360, "kv_bytes_allocated": 3 << 30,
+                       "temperature": 0.7, "max_new_tokens": None, "last_ttft_ms": 62880.9,
+                       "last_tokens_per_s": 18.94})
+    assert stats_rows(text) == {
+        "cache": {"cache_seqlens": "334", "tokens": "336 (2 pending: in the chat, prefilled with the next turn)",
+                  "kv_used": "7.3 MiB", "kv_allocated": "3.0 GiB"},
+        "settings": {"temperature": "0.7", "max_new_tokens": "none"},
+        "last turn": {"ttft": "62.9 s", "speed": "18.9 tok/s"}}
 
 
 @pytest.mark.anyio
@@ -39,9 +57,9 @@ async def test_the_panel_and_stats_in_the_app():
             if r.display and not r.has_class("wrap"):
                 assert LABEL_WIDTH + len(r.value) <= inner, (r.id, r.value)
         await submit(pilot, "/stats")
-        stats = notices(app)[-1]
-        assert "kv_used=" in stats and "iB" in stats and "kv_bytes_used" not in stats
-        assert "weights=float32" in stats
+        stats = stats_rows(notices(app)[-1])
+        assert stats["cache"]["kv_used"].endswith("iB") and "kv_bytes_used" not in stats["cache"]
+        assert stats["cache"]["weights"] == "float32" and stats["last turn"]["ttft"].endswith("ms")
 
 
 @pytest.mark.anyio

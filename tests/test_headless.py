@@ -45,6 +45,27 @@ def test_jsonl_multiline_messages():
     assert events[3]["data"]["cache_seqlens"] == events[1]["cache_seqlens"]
 
 
+def test_what_a_script_reads_is_whole_sentences_with_plurals_and_aligned_stats(tmp_path):
+    """Issue 44: --jsonl errors were cut mid-sentence ("Unterminated string starting at"),
+    /export said "exported 1 exchanges", and /stats was one dense key=value block."""
+    out = tmp_path / "chat.md"
+    stdin = "\n".join(['{"user": "hi', '{"user": "hi"} {}', json.dumps({"user": "hello"}),
+                       json.dumps({"command": f"/export {out}"}), json.dumps({"command": "/stats"})]) + "\n"
+    p, events = headless(stdin.encode(), "--jsonl")
+    assert p.returncode == 0, p.stderr.decode()
+    assert [e["message"] for e in events if e["event"] == "error"] == [
+        "line 1: not valid JSON: unterminated string starting at column 10; line skipped",
+        "line 2: not valid JSON: extra data at column 16; line skipped"]
+    export, stats = [e for e in events if e["event"] == "info"]
+    assert export["text"] == f"exported 1 exchange to {out}"
+    head, *rows = stats["text"].splitlines()
+    assert head == "cache" and rows[0].split() == ["model", "random:tiny"]
+    assert f"cache_seqlens {stats['data']['cache_seqlens']}" in " ".join(stats["text"].split())
+    assert head == "cache" and {"settings", "last turn"} <= {r for r in rows if not r.startswith("  ")}
+    named = [(r, *r.split(None, 1)) for r in rows if r.startswith("  ")]
+    assert len({r.index(value, len(name) + 2) for r, name, value in named}) == 1  # every value in one column
+
+
 def test_context_overflow_trims_and_too_long_message_errors():
     msgs = "".join(f"message {i} with some padding text\n" for i in range(12))
     p, events = headless(("x" * 400 + "\n" + msgs).encode(), "--context", "160", "--max-new-tokens", "20")

@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+from chatapp.chat.figures import counted
+
 # What a reply's text is (chatapp/chat/kinds.py): the answer, its thinking block (Qwen3's
 # <think>, markers left out), or nanochat's calculator call and the output forced after it
 # (those two keep their marker tokens' text: it is what the model wrote).
@@ -249,7 +251,7 @@ class ModelSwitched:
     @property
     def line(self) -> str:
         dropped = f", {self.dropped_exchanges} oldest left the context" if self.dropped_exchanges else ""
-        return (f"{self.model}: carried {self.exchanges} exchange(s){dropped}, re-prefilled "
+        return (f"{self.model}: carried {counted(self.exchanges, 'exchange')}{dropped}, re-prefilled "
                 f"{self.reprefilled_tokens} tokens in {self.prefill_s:.1f} s")
 
 

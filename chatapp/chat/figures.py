@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import weakref
 
+from chatapp.chat.settings import SETTINGS
+
 BLOCK_NAMES = {"q4": "4-bit", "q8": "8-bit"}   # model/cpu's two layouts
 _formats: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -27,6 +29,11 @@ def human_ms(ms: float) -> str:
     if s < 120:
         return f"{s:.1f} s"
     return f"{int(s // 60)} min {int(s % 60):02d} s"
+
+
+def counted(n: int, noun: str) -> str:
+    """1 exchange, 2 exchanges: what "exported 1 exchanges" got wrong."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def human_rate(tokens_per_s: float) -> str:
@@ -51,21 +58,28 @@ def weights_format(model) -> str:
     return text
 
 
-def stats_line(d: dict) -> str:
-    """`/stats` in words: the same keys as the JSON, with units, and why tokens and
-    cache_seqlens may differ."""
-    parts = []
+def stats_text(d: dict) -> str:
+    """`/stats` for a person: the JSON's keys as aligned rows in three sections (the cache and the
+    model, the settings, the last turn), values with units, and why tokens and cache_seqlens may
+    differ. One dense key=value line was hard to read (issue 44)."""
+    sections: dict[str, list[tuple[str, str]]] = {"cache": [], "settings": [], "last turn": []}
     for k, v in d.items():
-        if k.endswith("_bytes_used") or k.endswith("_bytes_allocated"):
-            parts.append(f"{k.removesuffix('_bytes_used').removesuffix('_bytes_allocated')}_"
-                         f"{'used' if k.endswith('used') else 'allocated'}={human_bytes(v)}")
-        elif k.endswith("_ms"):
-            parts.append(f"{k.removesuffix('_ms')}={human_ms(v)}")
-        elif k.endswith("tokens_per_s"):
-            parts.append(f"{k.removesuffix('_tokens_per_s')}_speed={human_rate(v)}")
-        elif k == "tokens" and d.get("cache_seqlens") is not None and v != d["cache_seqlens"]:
-            pending = v - d["cache_seqlens"]
-            parts.append(f"tokens={v} ({pending} pending: in the chat, prefilled with the next turn)")
-        else:
-            parts.append(f"{k}={v}")
-    return " ".join(parts)
+        section = "last turn" if k.startswith("last_") else "settings" if k in SETTINGS else "cache"
+        sections[section].append(stat_row(k.removeprefix("last_"), v, d))
+    rows = [r for section in sections.values() for r in section]
+    width = max((len(name) for name, _ in rows), default=0) + 2
+    return "\n".join(f"{title}\n" + "\n".join(f"  {name:<{width}}{value}" for name, value in section)
+                     for title, section in sections.items() if section)
+
+
+def stat_row(k: str, v, d: dict) -> tuple[str, str]:
+    """One `/stats` row: its name (the JSON key, unit suffixes dropped) and its value in units."""
+    if k.endswith(("_bytes_used", "_bytes_allocated")):
+        return k.replace("_bytes_", "_"), human_bytes(v)
+    if k.endswith("_ms"):
+        return k.removesuffix("_ms"), human_ms(v)
+    if k == "tokens_per_s":
+        return "speed", human_rate(v)
+    if k == "tokens" and d.get("cache_seqlens") is not None and v != d["cache_seqlens"]:
+        return k, f"{v} ({v - d['cache_seqlens']} pending: in the chat, prefilled with the next turn)"
+    return k, "none" if v is None else str(v)

@@ -20,7 +20,7 @@ from chatapp.chat.clip import pick_reply
 from chatapp.chat.commands import help_text, is_text
 from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, SessionFigures, Trimmed, TurnStats
 from chatapp.chat.exchange import Exchange
-from chatapp.chat.figures import stats_line
+from chatapp.chat.figures import stats_text
 from chatapp.chat.kinds import Part, answer_text, stored_parts
 from chatapp.chat.memory import read_memory
 from chatapp.chat.settings import Settings, set_command
@@ -282,4 +282,4 @@ class Session:
         return SessionFigures(self.stats(), read_memory(str(self.cache.device)), list(self.turn_stats))
 
     def stats_text(self) -> str:
-        return stats_line(self.stats())
+        return stats_text(self.stats())

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from chatapp.chat.events import Info
+from chatapp.chat.figures import counted
 from chatapp.keeper.base import Keeper
 from chatapp.store.records import StoreError
 
@@ -41,7 +42,7 @@ def final_save(keeper: Keeper, attempts: int = ATTEMPTS, pause_s: float = PAUSE_
 def exchanges(keeper: Keeper) -> str:
     n = keeper.session.turns
     name = f"chat #{keeper.chat_id}" if keeper.chat_id is not None else "this new chat"
-    return f"{name} ({n} exchange{'s' if n != 1 else ''})"
+    return f"{name} ({counted(n, 'exchange')})"
 
 
 def rescue(keeper: Keeper) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from chatapp.chat.commands import parse_chat_id
 from chatapp.chat.edit import check_edit, rewind_and_send
 from chatapp.chat.events import Branched, Error, Event, Info, ModelSwitched, Restored, Saved
+from chatapp.chat.figures import counted
 from chatapp.chat.presets import Presets, preset_command
 from chatapp.chat.session import Session
 from chatapp.keeper import rollback
@@ -178,7 +179,8 @@ class ChatKeeper(SavingKeeper):
         except StoreError as e:
             yield Error(str(e))
             return
-        yield Info(f"exported {len(t.turns)} exchanges to {path}", {"path": str(path), "exchanges": len(t.turns)})
+        n = len(t.turns)
+        yield Info(f"exported {counted(n, 'exchange')} to {path}", {"path": str(path), "exchanges": n})
 
     def edit(self, arg: str) -> Iterator[Event]:
         """/edit N TEXT (chatapp/chat/edit.py). The chat as it is now is committed as a new chat

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from chatapp.chat.commands import parse_chat_id
 from chatapp.chat.events import CacheState, Error, Event, Info, Restored, Saved, TurnStats
+from chatapp.chat.figures import counted
 from chatapp.chat.settings import Settings
 from chatapp.keeper.base import Keeper
 from chatapp.remote.session import RemoteExchange, RemoteSession
@@ -134,4 +135,5 @@ class RemoteKeeper(Keeper):
             path = export(t, dest)
         except StoreError as e:
             raise UserError(str(e)) from None
-        yield Info(f"exported {len(t.turns)} exchanges to {path}", {"path": str(path), "exchanges": len(t.turns)})
+        n = len(t.turns)
+        yield Info(f"exported {counted(n, 'exchange')} to {path}", {"path": str(path), "exchanges": n})

@@ -30,6 +30,7 @@ from chatapp.chat.events import (
     ToolCall,
     TurnStats,
 )
+from chatapp.chat.figures import stats_text
 from chatapp.chat.kinds import Part, PartsBuilder
 from chatapp.chat.memory import read_memory
 from chatapp.chat.settings import Settings, set_command
@@ -204,7 +205,7 @@ class RemoteSession:
 
     def show_stats(self, _arg: str = "") -> Iterator[Event]:
         d = self.stats()
-        yield Info(" ".join(f"{k}={v}" for k, v in d.items()), d)
+        yield Info(stats_text(d), d)
 
     def show_help(self, _arg: str = "") -> Iterator[Event]:
         yield Info(help_text())

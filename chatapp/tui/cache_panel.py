@@ -27,7 +27,7 @@ from chatapp.chat.events import (
     Trimmed,
     TurnStats,
 )
-from chatapp.chat.figures import human_bytes, human_ms, human_rate
+from chatapp.chat.figures import counted, human_bytes, human_ms, human_rate
 from chatapp.tui.visible import visible
 
 LABEL_WIDTH = 14
@@ -135,7 +135,7 @@ class CachePanel(VerticalScroll):
             case Prefilling(reason="model"):
                 self.show_restore(f"re-prefilling {ev.done} / {ev.total} tokens")
             case ModelSwitched():
-                dropped = f", {ev.dropped_exchanges} exchange(s) out" if ev.dropped_exchanges else ""
+                dropped = f", {counted(ev.dropped_exchanges, 'exchange')} out" if ev.dropped_exchanges else ""
                 self.show_restore(f"switched: re-prefilled {ev.reprefilled_tokens} tokens{dropped}")
                 self.turns = []  # they belonged to the old model
 

@@ -73,7 +73,8 @@ class ChatsScreen(Screen[ChatAction | None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.table.add_columns("id", "title", "model", "messages", "updated")
+        # exchanges: a user message with its reply, numbered as /edit N and the transcript number them
+        self.table.add_columns("id", "title", "model", "exchanges", "updated")
         self.reload()
         self.table.focus()  # typing goes to the list's keys; / searches
 

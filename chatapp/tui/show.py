@@ -23,7 +23,7 @@ from chatapp.chat.events import (
     Trimmed,
     TurnStats,
 )
-from chatapp.chat.figures import human_ms
+from chatapp.chat.figures import counted, human_ms
 from chatapp.tui.bridge import SessionEvent, TextBatch, TurnFinished
 from chatapp.tui.clipboard import copy_text
 from chatapp.tui.editing import Editing
@@ -65,7 +65,7 @@ class SessionView:
                 await self.cache_state(ev)
             case Trimmed():
                 t.mark_trimmed(ev.dropped_exchanges)
-                await t.notice(f"Context full: dropped the {ev.dropped_exchanges} oldest exchange(s) and "
+                await t.notice(f"Context full: dropped the {counted(ev.dropped_exchanges, 'oldest exchange')} and "
                                f"re-prefilled {ev.reprefilled_tokens} tokens in {human_ms(ev.reprefill_ms)}.",
                                "warning")
             case Info():
