@@ -18,6 +18,7 @@ Imports no torch: the CLI and the TUI's first frame read it.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,11 +26,17 @@ from pathlib import Path
 from chatapp.chat.settings import SETTINGS, parse_settings, settings_text
 from chatapp.options import FlagError
 from model.errors import UserError
+from model.files import read_bytes
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10: the same parser, as a package (pyproject.toml's conditional dependency)
     import tomli as tomllib
+
+MAX_CONFIG_BYTES = 1 << 20    # a real config is under a kilobyte; presets may hold long prompts
+MAX_TOML_PARTS = 1_000        # dots and brackets outside strings: a real config has a few dozen
+MAX_TOML_DEPTH = 32           # nested [ and {: a real config has none deeper than 2
+STRUCTURE = re.compile(r"[#\"'.\[\]{}]")
 
 TOP_KEYS = {"model": str, "theme": str, "system": str, "sampling": dict, "presets": dict}
 
@@ -54,19 +61,78 @@ def config_path() -> Path:
 def load_config(path: Path | None = None) -> Config:
     """The config, or an empty one when there is no file; UserError in one line for a bad one."""
     path = path or config_path()
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return Config()
-    except OSError as e:
-        raise FlagError(f"config file {path}: cannot read it ({e.strerror or e})") from None
+    try:  # the one regular-file gate: a FIFO hung here, a link to /dev/zero read 3.1 GB (issue 45)
+        raw = read_bytes(path, "config file", MAX_CONFIG_BYTES)
+    except UserError as e:
+        raise FlagError(f"config file {e}") from None
+    return parse_config(parse_toml(raw, path), path)
+
+
+def parse_toml(raw: bytes, path: Path) -> dict:
+    """The file's TOML, within a size and a shape cap: tomllib recurses once per nested table
+    (100,000 levels: RecursionError) and its dotted keys cost the square of their parts
+    (100,000 parts: over 30 s at 3.1 GB), so both are counted first, outside strings."""
+    where = f"config file {path}"
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise FlagError(f"config file {path}: not UTF-8 (byte {e.start})") from None
+        raise FlagError(f"{where}: not UTF-8 (byte {e.start})") from None
+    parts, depth = toml_shape(text)
+    if parts > MAX_TOML_PARTS or depth > MAX_TOML_DEPTH:
+        raise FlagError(f"{where}: too many nested or dotted keys ({parts:,} key parts and brackets, "
+                        f"{depth} deep; at most {MAX_TOML_PARTS:,} and {MAX_TOML_DEPTH})")
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise FlagError(f"config file {path}: {' '.join(str(e).split())}") from None
-    return parse_config(data, path)
+        raise FlagError(f"{where}: {' '.join(str(e).split())}") from None
+    except (ValueError, RecursionError, MemoryError) as e:  # an integer of 4,300+ digits
+        raise FlagError(f"{where}: not a usable config ({type(e).__name__}: {str(e)[:120]})") from None
+
+
+def toml_shape(text: str) -> tuple[int, int]:
+    """(dots and opening brackets outside strings and comments, the deepest bracket nesting):
+    a real config has a few dozen and 2. One pass; a string is skipped with `find`, never a
+    backtracking pattern."""
+    parts = depth = deepest = 0
+    i = 0
+    while m := STRUCTURE.search(text, i):
+        c, i = m.group(), m.end()
+        if c == "#":
+            i = line_end(text, i)
+        elif c in "\"'":
+            i = string_end(text, i, c)
+        elif c in "]}":
+            depth = max(depth - 1, 0)
+        else:
+            parts += 1
+            if c != ".":
+                depth += 1
+                deepest = max(deepest, depth)
+    return parts, deepest
+
+
+def line_end(text: str, i: int) -> int:
+    j = text.find("\n", i)
+    return len(text) if j < 0 else j
+
+
+def string_end(text: str, i: int, quote: str) -> int:
+    """Where the string opened by `quote` just before `i` ends. A one-line string that does not
+    close stops at its line's end (tomllib refuses it); backslashes escape in basic strings only."""
+    closer = quote * 3 if text.startswith(quote * 2, i) else quote
+    i += len(closer) - 1
+    while True:
+        j = text.find(closer, i)
+        if j < 0:
+            return len(text)
+        if len(closer) == 1 and (nl := text.find("\n", i, j)) >= 0:
+            return nl
+        slashes = len(text[i:j]) - len(text[i:j].rstrip("\\"))
+        if quote == "'" or slashes % 2 == 0:
+            return j + len(closer)
+        i = j + 1
 
 
 def parse_config(data: dict, path: Path) -> Config:

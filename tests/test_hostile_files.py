@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 import time
 
 import pytest
@@ -95,10 +96,10 @@ def test_absurd_config_sizes_are_refused_before_any_allocation(tmp_path, key, va
 def test_a_fifo_config_and_a_tokenizer_linked_to_dev_zero_are_never_read(tmp_path):
     os.mkfifo(tmp_path / "config.json")  # a read would block forever
     t0 = time.perf_counter()
-    with pytest.raises(ModelLoadError, match="not a regular file \\(a FIFO\\)"):
+    with pytest.raises(ModelLoadError, match="a FIFO, not a regular file"):
         load_model(str(tmp_path))
     (tmp_path / "tokenizer.json").symlink_to("/dev/zero")  # a read would never end
-    with pytest.raises(ModelLoadError, match="not a regular file \\(a character device\\)"):
+    with pytest.raises(ModelLoadError, match="a character device, not a regular file"):
         tokenizer_from_json(tmp_path / "tokenizer.json", {})
     fifo_gguf = tmp_path / "m.gguf"
     os.mkfifo(fifo_gguf)
@@ -163,3 +164,40 @@ def test_a_context_asked_for_past_what_the_machine_holds_is_one_line(tiny, monke
         launch.open_session(args, warn=lambda _m: None)
     assert "\n" not in str(e.value) and "try a smaller --context" in str(e.value)
     assert tiny.model.longest_cache < 1 << 31  # the failed cache does not size the rotary tables
+
+
+def refused_at_once(read, path, fifo=None) -> str:
+    """`read(path)`'s ModelLoadError, or a failure if it blocks (the FIFO is then opened for
+    writing and closed, so a blocked reader sees its end and the test run goes on)."""
+    out: list = []
+
+    def run():
+        try:
+            out.append(read(path))
+        except Exception as e:  # noqa: BLE001 - the test asserts which one
+            out.append(e)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(60)  # generous: a shared machine is slow, a blocked open is endless
+    if t.is_alive():
+        os.close(os.open(fifo or path, os.O_WRONLY | os.O_NONBLOCK))
+        t.join(5)
+        pytest.fail(f"{read.__qualname__} blocked on {path.name}")
+    assert isinstance(out[0], ModelLoadError) and "\n" not in str(out[0]), out[0]
+    return str(out[0])
+
+
+def test_fifo_weights_checkpoints_and_tokenizer_pickles_are_refused_unopened(tmp_path):
+    """Issue 45 finding 7: a safetensors FIFO hung the load; a nanochat tokenizer.pkl and a
+    model_*.pt skipped the regular-file gate too."""
+    from model.loading.hf import read_safetensors
+    from model.loading.nanochat import read_weights
+    from model.tokenizers.safe_pickle import load_encoding
+
+    os.mkfifo(tmp_path / "model.safetensors")
+    assert "a FIFO, not a regular file" in refused_at_once(read_safetensors, tmp_path, tmp_path / "model.safetensors")
+    for name, read in (("model_000001.pt", read_weights), ("tokenizer.pkl", load_encoding)):
+        os.mkfifo(tmp_path / name)
+        assert "a FIFO, not a regular file" in refused_at_once(read, tmp_path / name)
+    (tmp_path / "zero.pkl").symlink_to("/dev/zero")
+    assert "a character device, not a regular file" in refused_at_once(load_encoding, tmp_path / "zero.pkl")

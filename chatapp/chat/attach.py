@@ -9,9 +9,7 @@ it goes through the normal send path, so the cache invariant and the store see o
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +17,7 @@ from pathlib import Path
 from chatapp.chat.commands import is_text
 from chatapp.chat.events import Event, Info
 from model.errors import UserError
-from model.files import kind
+from model.files import read_bytes
 
 MAX_READ = 64 << 20  # never read more than this: no context holds a file that large
 BYTES_PER_TOKEN = 32  # no tokenizer packs more into a token: longer files are refused uncounted
@@ -128,7 +126,10 @@ def unquote(arg: str) -> str:
 
 def read_text(path: str) -> str:
     """A UTF-8 text file's contents (newlines made \\n); a one-line UserError for anything else."""
-    data = read_bytes(path)
+    try:  # the one regular-file gate: a FIFO would block the read forever, /dev/zero never end
+        data = read_bytes(Path(path).expanduser(), "file to attach", MAX_READ)
+    except RuntimeError as e:  # ~user with no such user
+        raise UserError(f"{path}: not a usable path ({e})") from None
     if b"\0" in data:
         raise UserError(f"{path}: a binary file (it holds NUL bytes), not text")
     try:
@@ -139,27 +140,6 @@ def read_text(path: str) -> str:
     if len(CONTROL.findall(text)) > max(8, len(text) // 100):  # valid UTF-8 by accident: a binary format
         raise UserError(f"{path}: looks binary (it is full of control characters), not text")
     return text.replace("\r\n", "\n")
-
-
-def read_bytes(path: str) -> bytes:
-    try:
-        p = Path(path).expanduser()
-        st = os.stat(p)
-        if stat.S_ISDIR(st.st_mode):
-            raise UserError(f"{path}: a directory, not a file")
-        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read forever, /dev/zero never end
-            raise UserError(f"{path}: {kind(st.st_mode)}, not a regular file; nothing was attached")
-        if st.st_size > MAX_READ:
-            raise UserError(f"{path}: too large for the context (over {size_text(MAX_READ)})")
-        with open(p, "rb") as f:
-            data = f.read(MAX_READ + 1)
-    except OSError as e:
-        raise UserError(f"{path}: cannot read it ({e.strerror or e})") from None
-    except (ValueError, RuntimeError) as e:  # a NUL in the path; ~user with no such user
-        raise UserError(f"{path}: not a usable path ({e})") from None
-    if len(data) > MAX_READ:
-        raise UserError(f"{path}: too large for the context (over {size_text(MAX_READ)})")
-    return data
 
 
 def size_text(n: int) -> str:

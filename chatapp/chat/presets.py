@@ -16,6 +16,9 @@ from pathlib import Path
 
 from chatapp.chat.events import Event, Info
 from model.errors import UserError
+from model.files import read_bytes
+
+MAX_PRESETS_BYTES = 1 << 20  # system prompts by name: a few kB in real use
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 USAGE = "/preset [NAME | save NAME | delete NAME]"
@@ -31,8 +34,8 @@ class Presets:
         if self.file is None:
             return {}
         try:
-            data = json.loads(self.file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            data = json.loads(read_bytes(self.file, "presets file", MAX_PRESETS_BYTES).decode("utf-8"))
+        except (OSError, UserError, ValueError, RecursionError):
             return {}
         if not isinstance(data, dict):
             return {}

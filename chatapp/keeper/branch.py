@@ -22,6 +22,7 @@ from chatapp.store.records import ChatRecord, StoreError
 from chatapp.store.snapshots import scan
 from chatapp.store.tempfiles import fsync_path, write_atomic
 from model.errors import UserError
+from model.files import MAX_MODEL_BYTES, read_bytes
 
 
 def keep_branch(store: ChatStore, record: ChatRecord, clean_upto: int, n: int, text: str) -> Branched:
@@ -65,7 +66,7 @@ def share_snapshot(src: Path, dst: Path, upto: int) -> int:
         except FileExistsError:
             pass
         except OSError:  # a filesystem without hard links: copy, atomically
-            write_atomic(target, seg.path.read_bytes())
+            write_atomic(target, read_bytes(seg.path, "snapshot", MAX_MODEL_BYTES))
     fsync_path(dst)
     end = 0
     for seg in shared:

@@ -91,9 +91,9 @@ def converted_as_base(folder: Path) -> bool:
     """config.json's nanochat_tui_tuning (model/loading/gguf.py) and no chat template: what load_hf_dir
     reads to pick completion mode. A file that cannot be read is just not marked."""
     try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        tok_config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        config = json.loads(read_bytes(folder / "config.json", "config").decode("utf-8"))
+        tok_config = json.loads(read_bytes(folder / "tokenizer_config.json", "tokenizer config").decode("utf-8"))
+    except (OSError, UserError, ValueError, RecursionError):
         return False
     return isinstance(config, dict) and config.get("nanochat_tui_tuning") == "base" and \
         isinstance(tok_config, dict) and not tok_config.get("chat_template")

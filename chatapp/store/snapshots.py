@@ -27,6 +27,7 @@ from safetensors.torch import save
 from chatapp.store.identity import ModelIdentity
 from chatapp.store.tempfiles import is_temp, remove_orphan_tmp, write_atomic
 from kvcache import KVCache
+from model.files import regular_file
 
 FORMAT = "nanochat-tui-kv/1"
 MAX_SEGMENTS = 16  # past this, the next save rewrites one whole segment (restore reads fewer files)
@@ -73,6 +74,7 @@ def write_segment(folder: Path, cache: KVCache, start: int, end: int, tokens: li
 def read_header(path: Path) -> Segment | None:
     """The segment's metadata, or None for a file that is not a readable segment."""
     try:
+        regular_file(path, "snapshot")  # a FIFO would block safe_open forever
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
         if meta.get("format") != FORMAT:
@@ -92,7 +94,7 @@ def scan(folder: Path) -> tuple[list[Segment], list[Path]]:
         if is_temp(p.name):
             remove_orphan_tmp(p)
         elif p.name.endswith(SUFFIX):
-            seg = read_header(p) if p.is_file() else None  # a FIFO would block safe_open forever
+            seg = read_header(p)
             (good if seg else bad).append(seg or p)
     return good, bad
 
@@ -131,6 +133,7 @@ def load_chain(cache: KVCache, chain: list[Segment]) -> tuple[int, str]:
     n, why = 0, ""
     for seg in chain:
         try:
+            regular_file(seg.path, "snapshot")  # still the file scan read
             with safe_open(str(seg.path), framework="pt") as f:
                 want = (f.metadata() or {}).get("checksum")
                 if problem := unexpected(f, cache, seg):  # from the header, before any tensor is read

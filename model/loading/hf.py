@@ -17,7 +17,7 @@ from model.chat_formats.completion import CompletionFormat
 from model.cpu.hugepages import into_arena, model_linears, own_the_rest
 from model.errors import ModelLoadError
 from model.families.registry import FAMILIES, Family, for_architectures
-from model.files import read_bytes
+from model.files import read_bytes, regular_file
 from model.limits import check_config
 from model.loading.options import LoadedModel, LoadOptions
 from model.loading.quantized import dequantized, install, take_packed
@@ -42,6 +42,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise ModelLoadError(f"{path}: no *.safetensors weights")
     weights: dict[str, torch.Tensor] = {}
     for f in files:
+        regular_file(f, "safetensors file")  # a FIFO would block safe_open forever
         try:
             with safe_open(str(f), framework="pt") as sf:
                 for key in sf.keys():

@@ -19,7 +19,7 @@ from kvcache import Attention
 from model.chat_formats.templates import NanochatFormat
 from model.errors import ModelLoadError
 from model.families.nanochat import Nanochat
-from model.files import read_bytes
+from model.files import read_bytes, regular_file
 from model.loading.nanochat_detect import config_from_checkpoint
 from model.loading.options import LoadedModel, LoadOptions
 from model.tokenizers.safe_pickle import load_encoding
@@ -90,6 +90,7 @@ def read_json(path: Path, what: str) -> dict:
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
     """Tensors only (weights_only=True): a checkpoint can't run code while we read it."""
+    regular_file(path, "checkpoint")  # a FIFO would block torch.load forever
     try:
         data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # torch raises many kinds for a truncated or foreign file

@@ -15,6 +15,7 @@ from pathlib import Path
 import tiktoken
 
 from model.errors import ModelLoadError
+from model.files import read_bytes
 
 ALLOWED = {("tiktoken.core", "Encoding")}
 STATE_KEYS = {"name", "pat_str", "mergeable_ranks", "special_tokens", "explicit_n_vocab"}
@@ -77,13 +78,9 @@ def loads_encoding(data: bytes) -> tiktoken.Encoding:
 def load_encoding(path: str | Path) -> tiktoken.Encoding:
     """Load a nanochat tokenizer.pkl; any problem is a one-line ModelLoadError naming the file."""
     path = Path(path)
+    data = read_bytes(path, "tokenizer pickle", MAX_BYTES)  # a FIFO or /dev/zero: refused unread
     try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise ValueError(f"is {size} bytes, more than a tokenizer should be")
-        return loads_encoding(path.read_bytes())
-    except FileNotFoundError:
-        raise ModelLoadError(f"tokenizer not found: {path}") from None
+        return loads_encoding(data)
     except (pickle.UnpicklingError, ValueError, TypeError, EOFError, OSError, MemoryError,
             RecursionError, IndexError, KeyError, AttributeError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{path}: not a usable tokenizer pickle ({e})") from None
