@@ -79,7 +79,7 @@ def test_ctrl_y_puts_the_reply_in_the_terminals_clipboard(tui, tmp_path):
         raise AssertionError(f"Ctrl+Y never copied the reply:\n{tui.capture()}")
     tui.type(f"/export {tmp_path / 'chat.md'}")  # the reply as the app holds it, to compare with
     tui.press("Enter")
-    tui.wait_for(r"exported 1 exchange to")
+    tui.wait_for(r"exported 1 exchange\b")
     reply = (tmp_path / "chat.md").read_text().split("## Assistant\n\n")[1].split("\n\n<!-- exported")[0]
     assert tui.buffer() == reply.strip("\n")
     tui.press("C-q")
