@@ -232,3 +232,25 @@ def test_serve_logs_one_line_per_request_and_escapes_its_start_up_line(hostile_n
     assert int(dict(kv.split("=", 1) for kv in log[1][4].split() if "=" in kv)["cached_tokens"]) > 0
     assert "max_tokens must be" in log[2][4]
     assert "\x1b" not in rest and "Traceback" not in rest
+
+
+def test_keys_come_from_repeated_flags_and_a_keys_file(tmp_path, monkeypatch):
+    from chatapp.serve.flags import check_flags, serve_parser
+    from model.errors import UserError
+
+    def keys(*argv):
+        args = serve_parser().parse_args(list(argv))
+        check_flags(args)
+        return args.api_keys
+    monkeypatch.setenv("NANOCHAT_TUI_API_KEY", "from-env")
+    f = tmp_path / "keys"
+    f.write_text("# one key a user\nalice-key\n\n  bob-key  \nalice-key\n")
+    assert keys("--api-key", "k1", "--api-key", "k2", "--api-key-file", str(f)) == ["k1", "k2", "alice-key", "bob-key"]
+    assert keys() == ["from-env"]  # the environment's key only when no flag gives one
+    for argv, says in [(["--api-key", ""], "empty"), (["--api-key-file", str(tmp_path)], "not a regular file"),
+                       (["--api-key-file", str(tmp_path / "none")], "no such file")]:
+        with pytest.raises(UserError, match=says):
+            keys(*argv)
+    f.write_text("# nothing but a comment\n")
+    with pytest.raises(UserError, match="holds no key"):
+        keys("--api-key-file", str(f))
