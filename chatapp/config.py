@@ -5,6 +5,7 @@ as the flags and `/set`, and a bad one is one line naming the file, the key and 
 
     model = "gemma3-270m"
     theme = "nord"
+    snapshot_budget_mib = 1024      # KV snapshots kept on disk, all chats together (default 4096)
     [sampling]
     temperature = 0.7
     min_p = 0.05
@@ -38,7 +39,8 @@ MAX_TOML_PARTS = 1_000        # dots and brackets outside strings: a real config
 MAX_TOML_DEPTH = 32           # nested [ and {: a real config has none deeper than 2
 STRUCTURE = re.compile(r"[#\"'.\[\]{}]")
 
-TOP_KEYS = {"model": str, "theme": str, "system": str, "sampling": dict, "presets": dict}
+TOP_KEYS = {"model": str, "theme": str, "system": str, "snapshot_budget_mib": int, "sampling": dict, "presets": dict}
+MAX_BUDGET_MIB = 1 << 30  # a pebibyte: any larger number is a typo
 
 
 @dataclass
@@ -49,6 +51,7 @@ class Config:
     system: str | None = None
     sampling: dict = field(default_factory=dict)   # validated Settings values
     presets: dict[str, str] = field(default_factory=dict)
+    snapshot_budget_mib: int | None = None         # None: the store's default (chatapp/store/database.py)
 
 
 def config_path() -> Path:
@@ -140,10 +143,13 @@ def parse_config(data: dict, path: Path) -> Config:
     for key, value in data.items():
         if key not in TOP_KEYS:
             raise FlagError(f"{where}: unknown key {key!r} (keys: {', '.join(TOP_KEYS)})")
-        if not isinstance(value, TOP_KEYS[key]):
+        if TOP_KEYS[key] is int:
+            check_mib(value, f"{where}: {key}")
+        elif not isinstance(value, TOP_KEYS[key]):
             kind = "a table" if TOP_KEYS[key] is dict else "a string"
             raise FlagError(f"{where}: {key} must be {kind}, got {value!r}")
-    cfg = Config(path, data.get("model"), data.get("theme"), data.get("system"))
+    cfg = Config(path, data.get("model"), data.get("theme"), data.get("system"),
+                 snapshot_budget_mib=data.get("snapshot_budget_mib"))
     sampling = data.get("sampling", {})
     for key, value in sampling.items():
         if key not in SETTINGS:
@@ -159,3 +165,8 @@ def parse_config(data: dict, path: Path) -> Config:
             raise FlagError(f"{where}: [presets] {name} must be a non-empty string (a system prompt)")
         cfg.presets[name] = text
     return cfg
+
+
+def check_mib(value: object, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BUDGET_MIB:
+        raise FlagError(f"{where} must be a whole number of MiB from 0 to {MAX_BUDGET_MIB:,}, got {value!r}")

@@ -45,7 +45,7 @@ PRESETS_FILE = "presets.json"   # /preset save's presets, next to the chats (cha
 def open_chat(args: argparse.Namespace, progress=None, warn: Warn | None = None) -> ChatKeeper:
     """The one chat object the faces talk to, ready for the first message."""
     config = load_config()
-    keeper = open_keeper(open_session(args, progress, warn, config), args, warn)
+    keeper = open_keeper(open_session(args, progress, warn, config), args, warn, config)
     keeper.loader = loader_for(args)
     keeper.presets = Presets(config.presets, data_home() / PRESETS_FILE)
     if args.model and keeper.store is not None and not keeper.store.read_only:
@@ -163,7 +163,8 @@ def fitting(lm, warn: Warn) -> int | None:
     return fit
 
 
-def open_keeper(session: Session, args: argparse.Namespace, warn: Warn | None = None) -> ChatKeeper:
+def open_keeper(session: Session, args: argparse.Namespace, warn: Warn | None = None,
+                config: Config | None = None) -> ChatKeeper:
     """The keeper for this run, with the stored chat already restored when asked for.
     UserError for flags that cannot work together or a chat that does not exist."""
     warn = warn or to_stderr
@@ -176,8 +177,9 @@ def open_keeper(session: Session, args: argparse.Namespace, warn: Warn | None = 
                         "that starts a new chat)")
     if no_store:
         return ChatKeeper(session, None)
+    budget = (config or Config()).snapshot_budget_mib
     try:
-        store = ChatStore()
+        store = ChatStore() if budget is None else ChatStore(snapshot_budget=budget << 20)
     except StoreError as e:
         if asked is not None or resume:
             raise

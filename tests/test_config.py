@@ -42,6 +42,11 @@ def config(tmp_path, monkeypatch):
     ("model = 3\n", "model must be a string, got 3"),
     ("[presets]\nempty = \"\"\n", "[presets] empty must be a non-empty string"),
     ("model = \n", "Invalid value (at line 1, column 9)"),
+    ("snapshot_budget_mib = -1\n", "snapshot_budget_mib must be a whole number of MiB from 0 to 1,073,741,824, got -1"),
+    ("snapshot_budget_mib = \"4 GiB\"\n", "snapshot_budget_mib must be a whole number of MiB from 0 to "
+     "1,073,741,824, got '4 GiB'"),
+    ("snapshot_budget_mib = 1.5\n", "snapshot_budget_mib must be a whole number of MiB"),
+    ("snapshot_budget_mib = true\n", "snapshot_budget_mib must be a whole number of MiB"),
 ])
 def test_a_bad_config_is_one_line_naming_the_file(config, text, why):
     config.write_text(text)
@@ -61,6 +66,23 @@ def test_defaults_from_the_config_and_flags_over_them(config):
     s = k.session.settings
     assert k.session.lm.name == "random:tiny"
     assert (s.temperature, s.min_p, s.repetition_penalty, s.max_new_tokens) == (0.0, 0.05, 1.2, 3)
+
+
+def test_the_snapshot_budget_is_set_in_the_config_and_shown_by_stats(config):
+    """Issue 44: the KV snapshots' disk budget was a constant named only in docs/persistence.md."""
+    stats = next(iter(open_chat(chat_parser().parse_args(["--model", "random:tiny"])).run_command("/stats")))
+    assert stats.data["snapshot_budget_bytes"] == 4 << 30 and "snapshot_budget=4.0 GiB" in stats.text
+    assert "snapshot_budget" not in next(iter(open_chat(chat_parser().parse_args(
+        ["--model", "random:tiny", "--no-store"])).run_command("/stats"))).data  # nothing stored: no budget
+    config.write_text("snapshot_budget_mib = 0\n" + GOOD)
+    k = open_chat(chat_parser().parse_args([]))
+    assert k.store.snapshot_budget == 0 and next(iter(k.run_command("/stats"))).data["snapshot_budget_bytes"] == 0
+    list(k.send("first chat"))
+    first = k.store.snapshot_dir(k.chat_id)
+    assert any(first.iterdir())
+    list(k.run_command("/reset"))
+    list(k.send("second chat"))  # its snapshot is written, and the budget of 0 keeps only the open chat's
+    assert not first.exists() and any(k.store.snapshot_dir(k.chat_id).iterdir())
 
 
 def test_presets_save_choose_and_delete(config, tmp_path, monkeypatch):

@@ -76,6 +76,8 @@ def stat_row(k: str, v, d: dict) -> tuple[str, str]:
     """One `/stats` row: its name (the JSON key, unit suffixes dropped) and its value in units."""
     if k.endswith(("_bytes_used", "_bytes_allocated")):
         return k.replace("_bytes_", "_"), human_bytes(v)
+    if k.endswith("_bytes"):
+        return k.removesuffix("_bytes"), human_bytes(v)
     if k.endswith("_ms"):
         return k.removesuffix("_ms"), human_ms(v)
     if k == "tokens_per_s":

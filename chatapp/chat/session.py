@@ -46,6 +46,7 @@ class Session:
         self.trimmed: list[Exchange] = []  # trimmed out of the context: kept for the transcript and the store
         self.tokens: list[int] = []
         self.attached = Attachments()  # /file and large pastes: they go with the next message
+        self.snapshot_budget: int | None = None  # the store's, for /stats: its keeper sets it (None: not stored)
         self.reset()
 
     # --- state -----------------------------------------------------------------

@@ -34,6 +34,7 @@ class SessionLike(Protocol):
     exchanges: list[Exchange]
     trimmed: list[Exchange]  # trimmed out of the context: kept for the transcript and the store
     turn_stats: list[TurnStats]
+    snapshot_budget: int | None  # the store's bytes of KV snapshots on disk (its keeper sets it)
 
     @property
     def system(self) -> str: ...

@@ -15,6 +15,8 @@ def session_stats(s: SessionLike) -> dict:
          "weights": weights_format(s.lm.model), "device": str(c.device),
          "kv_bytes_used": c.bytes_used, "kv_bytes_allocated": c.bytes_allocated,
          "backend": s.lm.model.attn.name, "turns": s.turns, **s.settings.sampling_values()}
+    if s.snapshot_budget is not None:  # chats are stored: KV snapshots kept on disk up to this, all chats
+        d["snapshot_budget_bytes"] = s.snapshot_budget
     if getattr(s.template, "completion", False):  # only then: a chat model's figures stay as they were
         d["mode"] = COMPLETION_MODE
     if s.turn_stats:

@@ -230,6 +230,7 @@ class ChatKeeper(SavingKeeper):
         snapshot starts again from position 0. The old session's memory is given back."""
         device = lm_device(self.session.lm)
         self.session = new
+        self.lend_budget()
         self.fingerprint = Fingerprint(new.lm) if self.store else None
         self._tokenizer_fp = None
         self.writer, self.saved_sig, self.clean_upto = None, None, 0

@@ -30,8 +30,6 @@ from chatapp.store.identity import Fingerprint, ModelIdentity, tokenizer_fingerp
 from chatapp.store.records import ChatChanged, ChatRecord, StoreError, describe
 from chatapp.store.snapshots import SnapshotWriter
 
-SNAPSHOT_BUDGET = 4 << 30  # snapshots of older chats are pruned past this; those chats re-prefill
-
 
 def reports_change(ev: Event) -> bool:
     """Events after which the chat on disk must already match memory. A retry's rewind is the
@@ -53,6 +51,7 @@ class SavingKeeper(Keeper):
     """The state that names the stored chat this window holds, and the commit order."""
     def __init__(self, session: Session, store: ChatStore | None, why_no_store: str = "--no-store"):
         self.session, self.store = session, store
+        self.lend_budget()
         self.why_no_store = why_no_store
         self.fingerprint = Fingerprint(session.lm) if store else None
         self._tokenizer_fp: str | None = None
@@ -70,6 +69,10 @@ class SavingKeeper(Keeper):
         # deleted when /undo empties it (one the user named or reopened stays, even empty)
         self.ephemeral = False
         self.said_read_only = False
+
+    def lend_budget(self) -> None:
+        """The session's /stats shows the store's snapshot budget (None: nothing is stored)."""
+        self.session.snapshot_budget = self.store.snapshot_budget if self.store else None
 
     def after_command(self) -> Iterator[Event]:
         yield from self.write_snapshot()
@@ -205,7 +208,7 @@ class SavingKeeper(Keeper):
             synced = self.writer.sync(self.session.cache, self.session.tokens, self.clean_upto)
             self.clean_upto = self.session.cache.seqlen
             if synced.written:
-                self.store.prune_snapshots(keep=self.chat_id, budget_bytes=SNAPSHOT_BUDGET)
+                self.store.prune_snapshots(keep=self.chat_id, budget_bytes=self.store.snapshot_budget)
         except (OSError, RuntimeError, ValueError, SafetensorError) as e:
             self.writer.segments = None  # rescan next time: what is on disk is uncertain now
             yield from self.report(f"KV snapshot not written: {describe(e)}; the chat is saved and will be "

@@ -25,6 +25,8 @@ from chatapp.store.tempfiles import sweep
 from chatapp.store.validate import DAMAGED_SQL, chat_row
 from model.paths import tui_home
 
+SNAPSHOT_BUDGET = 4 << 30  # the default: past it, older chats lose their snapshots (they re-prefill)
+
 
 def writable(path: Path) -> bool:
     """A store we can write: the file and its folder (SQLite makes its WAL side files there)."""
@@ -47,11 +49,14 @@ def chats_dir() -> Path:
 
 
 class ChatStore:
-    def __init__(self, root: Path | None = None, timeout: float = 2.0, read_only: bool | None = None):
+    def __init__(self, root: Path | None = None, timeout: float = 2.0, read_only: bool | None = None,
+                 snapshot_budget: int = SNAPSHOT_BUDGET):
         """`read_only` None: read-only when this process cannot write the database or its folder
         (chats still list and open; the keeper says once that nothing will be saved). A store
-        opened for writing first removes what a killed process left (`tidy`)."""
+        opened for writing first removes what a killed process left (`tidy`). `snapshot_budget`:
+        bytes of KV snapshots kept on disk, all chats together (`prune_snapshots`)."""
         self.root = Path(root) if root is not None else chats_dir()
+        self.snapshot_budget = snapshot_budget
         self.path = self.root / "chats.db"
         self.lock = threading.Lock()  # the TUI saves from its turn worker, lists from the UI thread
         try:
