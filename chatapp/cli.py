@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from chatapp.options import add_model_options, chat_parser
+from chatapp.options import FlagError, add_model_options, chat_parser
 from model.errors import UserError
 from model.escapes import escape_controls, to_stderr
 
@@ -20,17 +20,21 @@ def run_chat(argv: list[str]) -> int:
     args = chat_parser().parse_args(argv)
     if sys.stdin is None or sys.stdout is None:  # started with <&- or >&-
         raise UserError("stdin or stdout is closed; a chat reads one and writes the other")
-    if (args.headless or args.jsonl) and args.backend:
+    if args.multiline and args.jsonl:
+        raise FlagError("--multiline cannot be combined with --jsonl (a JSON line holds a multi-line message already)")
+    headless = args.headless or args.jsonl or args.multiline
+    if headless and args.backend:
         from chatapp.headless import run_headless
         from chatapp.remote.open import open_remote  # no torch: the server runs the model
 
         return run_headless(open_remote(args, warn=to_stderr), sys.stdin.buffer,
-                            jsonl=args.jsonl)
-    if args.headless or args.jsonl:
+                            jsonl=args.jsonl, multiline=args.multiline)
+    if headless:
         from chatapp.headless import run_headless  # lazy: imports torch
         from chatapp.launch import open_chat
 
-        return run_headless(open_chat(args, progress=to_stderr), sys.stdin.buffer, jsonl=args.jsonl)
+        return run_headless(open_chat(args, progress=to_stderr), sys.stdin.buffer, jsonl=args.jsonl,
+                            multiline=args.multiline)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):  # Textual would draw into a pipe and wait forever
         raise UserError("the chat screen needs a terminal on stdin and stdout; to script a chat, "
                         "use --headless (or --jsonl)")

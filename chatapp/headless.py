@@ -1,4 +1,5 @@
-"""Headless mode: stdin lines (or JSON objects) in, one JSON object per line out.
+"""Headless mode: stdin lines (or JSON objects, or with --multiline messages of several lines) in,
+one JSON object per line out.
 
 It talks to any keeper (chatapp/keeper/base.py): the in-process one, or --backend's, which must
 not import torch, so nothing here does.
@@ -20,13 +21,20 @@ from chatapp.keeper.base import Keeper
 from chatapp.keeper.final_save import final_save
 from model.errors import UserError, unexpected
 
+END = "."  # --multiline: a line holding only this ends a message (as in SMTP and mail(1))
+
+
+def decode(raw: bytes, n: int) -> str:
+    """Line `n` of stdin without its line ending. UnicodeDecodeError for bytes that are not UTF-8."""
+    return raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")  # -sig: a BOM is not text
+
 
 def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[Command | str | Error]:
     """Yield each line parsed: a message's text, a Command, or an Error for a bad line (a
     malformed command included, in the words the TUI shows)."""
     for n, raw in enumerate(stream, 1):
         try:
-            line = raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")  # -sig: a BOM is not text
+            line = decode(raw, n)
         except UnicodeDecodeError as e:
             yield Error(f"line {n}: not valid UTF-8 ({e.reason} at byte {e.start}); line skipped")
             continue
@@ -53,6 +61,40 @@ def read_inputs(stream: BinaryIO, jsonl: bool) -> Iterator[Command | str | Error
         yield parsed(parse_command, obj[kind]) if kind == "command" else obj[kind]
 
 
+def read_messages(stream: BinaryIO) -> Iterator[Command | str | Error]:
+    """--multiline: a message is every line up to one holding only END (spaces around it allowed)
+    or the end of input, joined with newlines, its blank first and last lines dropped; so a piped
+    file with no END line is one message. Each is parsed as the TUI's input box parses what is
+    typed into it: one starting with / is a command. A message with a line that is not UTF-8 is
+    skipped whole, with one error naming that line: half a prompt is not sent."""
+    lines: list[str] = []
+    bad: Error | None = None
+    for n, raw in enumerate(stream, 1):
+        try:
+            line = decode(raw, n)
+        except UnicodeDecodeError as e:
+            bad = bad or Error(f"line {n}: not valid UTF-8 ({e.reason} at byte {e.start}); its message skipped")
+            continue
+        if line.strip() != END:
+            lines.append(line)
+            continue
+        if item := message(lines, bad):
+            yield item
+        lines, bad = [], None
+    if item := message(lines, bad):
+        yield item
+
+
+def message(lines: list[str], bad: Error | None) -> Command | str | Error | None:
+    """One --multiline message (None: only blank lines)."""
+    if bad is not None:
+        return bad
+    while lines and not lines[-1].strip():
+        lines.pop()
+    start = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
+    return parsed(parse_input, "\n".join(lines[start:])) if lines[start:] else None
+
+
 def json_problem(e: json.JSONDecodeError) -> str:
     """The decoder's message with its place: its `msg` alone is cut mid-sentence ("Unterminated
     string starting at", "Expecting value"), the place being in `str(e)` only."""
@@ -72,10 +114,12 @@ def emit(ev: Event, out: TextIO) -> None:
     out.flush()
 
 
-def run_headless(keeper: Keeper, stream: BinaryIO, jsonl: bool = False, out: TextIO = sys.stdout) -> int:
-    """Feed each input line to the chat (which stores it as it goes, if it has a store)."""
+def run_headless(keeper: Keeper, stream: BinaryIO, jsonl: bool = False, out: TextIO = sys.stdout,
+                 multiline: bool = False) -> int:
+    """Feed each input line (--multiline: each message) to the chat (which stores it as it goes,
+    if it has a store)."""
     emit(Ready(keeper.session.stats(), keeper.ready_fields()), out)
-    for item in read_inputs(stream, jsonl):
+    for item in read_messages(stream) if multiline else read_inputs(stream, jsonl):
         if isinstance(item, Error):
             emit(item, out)
             continue

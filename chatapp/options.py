@@ -62,6 +62,9 @@ def chat_parser() -> argparse.ArgumentParser:
     p.add_argument("--headless", action="store_true", help="read stdin, write JSON lines")
     p.add_argument("--jsonl", action="store_true",
                    help='headless, with input as {"user": ...} / {"command": ...} lines')
+    p.add_argument("--multiline", action="store_true",
+                   help="headless, a message being every line up to one holding only '.' (or the end of input): "
+                        "cat prompt.txt | nanochat-tui --multiline is one message")
     add_sampling_options(p)
     p.add_argument("--system", help="system prompt (default: the model's own)")
     p.add_argument("--context", type=int, help="KV cache capacity in tokens (default: the model's context)")

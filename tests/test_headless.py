@@ -201,3 +201,37 @@ def test_a_cpu_without_simd_gets_one_note_and_errors_stay_one_line():
     err = p.stderr.decode().strip()
     assert p.returncode == 1 and err.startswith("nanochat-tui: error: the system prompt leaves no room"), err
     assert "\n" not in err
+
+
+PROMPT = b"Review this function:\n\n    def add(a, b):\n        return a + b\n\nIs it right?\n"
+
+
+def test_a_piped_multiline_prompt_is_one_message():
+    """Issue 44: `cat prompt.txt | nanochat-tui --headless` made a turn of each line."""
+    p, events = headless(PROMPT, "--multiline")
+    assert p.returncode == 0, p.stderr.decode()
+    assert [e["event"] for e in events] == ["ready", "turn"]
+    assert events[1]["user"] == PROMPT.decode().rstrip("\n")  # indentation and the blank lines kept
+    p, events = headless(PROMPT)
+    assert [e["event"] for e in events].count("turn") == 4  # without it: a turn per non-blank line
+
+
+def test_multiline_messages_end_at_a_lone_dot():
+    stdin = (b"\nfirst line\nsecond line\n\n.\n/stats\n .  \n" + b"bad \xff\nstill the bad one\n.\n"
+             + b"//etc is a path\nnot a command\n.\n\n.\nlast message, no dot\n")
+    p, events = headless(stdin, "--multiline")
+    assert p.returncode == 0, p.stderr.decode()
+    assert [e["event"] for e in events] == ["ready", "turn", "info", "error", "turn", "turn"]
+    assert events[1]["user"] == "first line\nsecond line"   # blank first and last lines dropped
+    assert events[2]["data"]["turns"] == 1                    # a one-line /... message is the command
+    assert events[3]["message"].startswith("line 8: not valid UTF-8") and "its message skipped" in events[3]["message"]
+    assert events[4]["user"] == "/etc is a path\nnot a command" and events[5]["user"] == "last message, no dot"
+
+
+def test_multiline_alone_is_headless_and_refuses_jsonl():
+    p = subprocess.run([*BASE[:3], *BASE[4:], "--multiline"], input=b"hi\nthere\n", capture_output=True, timeout=120)
+    events = [json.loads(line) for line in p.stdout.decode().splitlines()]
+    assert p.returncode == 0 and [e["event"] for e in events] == ["ready", "turn"]
+    p, _ = headless(b"hi\n", "--multiline", "--jsonl")
+    assert p.returncode != 0 and "--multiline cannot be combined with --jsonl" in p.stderr.decode()
+    assert len(p.stderr.decode().strip().splitlines()) == 1
