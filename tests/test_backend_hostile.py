@@ -188,3 +188,13 @@ def test_the_servers_words_reach_the_user_escaped():
         events = list(session(url).send("hello"))
     assert one_error(events).endswith("the server failed mid-reply: boom\\x1b[31m")
     assert any(isinstance(e, TurnStats) for e in events)
+
+
+def test_a_model_id_with_escapes_is_shown_escaped():
+    with hostile(sends(GOOD, END), models=b'{"data": [{"id": "m\\u001b]0;owned\\u0007"}]}') as url:
+        client = OpenAIClient(url, timeout=30)
+        info = client.info()
+        s = RemoteSession(client, info.model, Settings(temperature=0))
+        list(s.send("hello"))
+    assert info.model == "m\x1b]0;owned\x07"  # sent back as the server spelled it
+    assert s.lm.name.startswith("m\\x1b]0;owned\\x07 @ http://127.0.0.1:") and s.stats()["model"] == s.lm.name

@@ -37,6 +37,7 @@ from chatapp.chat.settings import Settings, set_command
 from chatapp.remote.client import OpenAIClient
 from chatapp.remote.wire import Figures, RemoteError
 from model.errors import UserError
+from model.escapes import escape_controls
 
 CHARS_PER_TOKEN = 4  # only to bound a /file attachment: the server's tokenizer is not here
 MOST_TOKENS = 1 << 17  # a reply's bound when neither the user's max_new_tokens nor the server's context says
@@ -70,7 +71,7 @@ class Served:
 class RemoteSession:
     def __init__(self, client: OpenAIClient, model: str, settings: Settings | None = None, context: int = 0):
         self.client, self.model, self.context = client, model, context
-        self.lm = Served(f"{model} @ {client.base}")
+        self.lm = Served(escape_controls(f"{model} @ {client.base}"))  # the server names its model: shown escaped
         self.template, self.tokenizer = PlainFormat(), None
         self.settings = settings or Settings()
         self.cancel_flag = threading.Event()
