@@ -74,6 +74,20 @@ def check_vocab(tokens: list, where: str) -> None:
         raise ModelLoadError(f"{where}: the vocabulary holds entries that are not strings")
 
 
+def check_token_strings(tokens: list[str], where: str, holes: bool = False) -> None:
+    """Every token a distinct, non-empty string (`holes`: "" marks an id no token has). An empty
+    token made tiktoken's encode loop for ever, deaf to Ctrl-C; a duplicate makes one id
+    unreachable (issue 45)."""
+    seen: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        if not t:
+            if holes:
+                continue
+            raise ModelLoadError(f"{where}: token {i} is an empty string")
+        if (j := seen.setdefault(t, i)) != i:
+            raise ModelLoadError(f"{where}: tokens {j} and {i} are the same string {t[:40]!r}")
+
+
 def check_ids(ids, where: str) -> None:
     """Token ids as tokenizer.json gives them: whole numbers in 0..MAX_VOCAB-1."""
     bad = next((i for i in ids if type(i) is not int or not 0 <= i < MAX_VOCAB), None)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -24,7 +25,7 @@ import tiktoken
 
 from model.errors import ModelLoadError
 from model.files import read_bytes
-from model.limits import check_ids, check_vocab
+from model.limits import check_ids, check_token_strings, check_vocab
 from model.tokenizers.pretokenizers import (
     NORMALIZERS,
     PRE_TOKENIZERS,
@@ -36,7 +37,7 @@ from model.tokenizers.pretokenizers import (
     pattern_from_pre_tokenizer,
 )
 from model.tokenizers.spm import is_spm_json, spm_from_json
-from model.tokenizers.tokenizer import Tokenizer
+from model.tokenizers.tokenizer import Tokenizer, new_encoding
 
 
 @dataclass
@@ -53,7 +54,23 @@ class BPEVocab:
     special: dict[str, int] = field(init=False)  # every added token's text -> id (tiktoken's specials)
 
     def __post_init__(self):
+        check_token_strings(self.tokens, self.name, holes=True)
+        check_token_strings(added_strings(self.added, self.name), self.name, holes=True)
         self.special = {a.content: a.id for a in self.added}
+
+
+def added_strings(added: list[Added], where: str) -> list[str]:
+    """The added tokens' strings by id ("" where none is), for check_token_strings; an added
+    token that is an empty string is refused here (tiktoken's specials cannot be one)."""
+    if empty := next((a for a in added if not a.content), None):
+        raise ModelLoadError(f"{where}: added token {empty.id} is an empty string")
+    out = [""] * (max((a.id for a in added), default=-1) + 1)
+    for a in added:
+        if out[a.id] not in ("", a.content):
+            raise ModelLoadError(f"{where}: added token {a.id} is given twice, as {out[a.id][:40]!r} and "
+                                 f"{a.content[:40]!r}")
+        out[a.id] = a.content
+    return out
 
 
 @cache
@@ -115,7 +132,7 @@ def build_encoding(v: BPEVocab) -> tuple[tiktoken.Encoding, set[int]]:
     for k, b in enumerate(sorted(unranked)):
         ranks[bytes([b])] = top + k
     try:
-        enc = tiktoken.Encoding(name=v.name, pat_str=v.pattern, mergeable_ranks=ranks, special_tokens=v.special)
+        enc = new_encoding(v.name, v.pattern, ranks, v.special)
     except ValueError as e:
         raise ModelLoadError(f"{v.name}: cannot build the tokenizer ({e})") from None
     return enc, unranked
@@ -188,8 +205,16 @@ def vocab_from_tokenizer_json(data: dict, where: str) -> BPEVocab:
     check_decoder(data.get("decoder"), where)
     added = [added_from_json(t, where) for t in data.get("added_tokens", [])]
     vocab: dict[str, int] = dict(model["vocab"])
+    check_ids([*vocab.values(), *(a.id for a in added)], where)  # before a list as long as the largest id is made
+    added_strings(added, where)
+    for a in added:   # an added token is the vocabulary's own string at the same id, or a new one
+        if vocab.get(a.content, a.id) != a.id:
+            raise ModelLoadError(f"{where}: tokens {vocab[a.content]} and {a.id} are the same string "
+                                 f"{a.content[:40]!r}")
     vocab.update({a.content: a.id for a in added})
-    check_ids(vocab.values(), where)  # before a list as long as the largest id is made
+    if len(set(vocab.values())) < len(vocab):
+        twice = next(i for i, n in Counter(vocab.values()).items() if n > 1)
+        raise ModelLoadError(f"{where}: token id {twice} is given to two strings")
     tokens = [""] * (max(vocab.values(), default=-1) + 1)
     check_vocab(tokens, where)
     for piece, i in vocab.items():
@@ -247,6 +272,7 @@ def vocab_from_gguf(meta: dict, where: str) -> BPEVocab:
         raise ModelLoadError(f"{where}: pre-tokenizer {pre!r} is not supported ({', '.join(PRE_TOKENIZERS)})")
     tokens = list(meta["tokenizer.ggml.tokens"])
     check_vocab(tokens, where)
+    check_token_strings(tokens, where)   # a GGUF names every id: none may be empty
     types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
     if len(types) != len(tokens):
         raise ModelLoadError(f"{where}: {len(tokens)} tokens but {len(types)} token types")

@@ -16,6 +16,7 @@ import tiktoken
 
 from model.errors import ModelLoadError
 from model.files import read_bytes
+from model.tokenizers.tokenizer import check_split_pattern, new_encoding
 
 ALLOWED = {("tiktoken.core", "Encoding")}
 STATE_KEYS = {"name", "pat_str", "mergeable_ranks", "special_tokens", "explicit_n_vocab"}
@@ -71,8 +72,8 @@ def loads_encoding(data: bytes) -> tiktoken.Encoding:
     if not isinstance(obj, _EncodingState):
         raise ValueError(f"holds a {type(obj).__name__}, not a tiktoken Encoding")
     state = _check_state(getattr(obj, "state", None))
-    return tiktoken.Encoding(name=state.get("name", "nanochat"), pat_str=state["pat_str"],
-                             mergeable_ranks=state["mergeable_ranks"], special_tokens=state["special_tokens"])
+    return new_encoding(state.get("name", "nanochat"), state["pat_str"], state["mergeable_ranks"],
+                        state["special_tokens"])
 
 
 def load_encoding(path: str | Path) -> tiktoken.Encoding:
@@ -80,7 +81,9 @@ def load_encoding(path: str | Path) -> tiktoken.Encoding:
     path = Path(path)
     data = read_bytes(path, "tokenizer pickle", MAX_BYTES)  # a FIFO or /dev/zero: refused unread
     try:
-        return loads_encoding(data)
+        enc = loads_encoding(data)
     except (pickle.UnpicklingError, ValueError, TypeError, EOFError, OSError, MemoryError,
-            RecursionError, IndexError, KeyError, AttributeError, UnicodeDecodeError) as e:
+            RecursionError, IndexError, KeyError, AttributeError, UnicodeDecodeError, ModelLoadError) as e:
         raise ModelLoadError(f"{path}: not a usable tokenizer pickle ({e})") from None
+    check_split_pattern(enc, str(path))
+    return enc

@@ -177,6 +177,10 @@ def spm_from_json(path: Path, text: str, data: dict, tokenizer_config: dict) -> 
     from tokenizers import Tokenizer as HFTokenizer
 
     prefix = check_spm_shape(data, str(path))
+    empty = next((a.get("id") for a in data.get("added_tokens") or [] if isinstance(a, dict) and not a.get("content")),
+                 None)
+    if empty is not None:   # what made tiktoken loop; no tokenizer has a use for one
+        raise ModelLoadError(f"{path}: added token {empty} is an empty string")
     try:
         hf = HFTokenizer.from_str(text)
     except Exception as e:   # tokenizers raises plain Exception subclasses for a malformed file

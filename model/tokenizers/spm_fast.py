@@ -22,6 +22,8 @@ from __future__ import annotations
 import numpy as np
 import tiktoken
 
+from model.tokenizers.tokenizer import new_encoding
+
 SPACE = "\u2581"
 PATTERN = f"{SPACE}*[^{SPACE}]+|{SPACE}+"
 
@@ -84,5 +86,5 @@ def build_fast_spm(vocab: dict[str, int], merges: list[tuple[str, str]], prefix:
             add(piece.encode("utf-8"), [vocab[piece]])
     if len(ranks) != len(rank_ids):
         return None
-    enc = tiktoken.Encoding(name="spm", pat_str=PATTERN, mergeable_ranks=ranks, special_tokens={})
+    enc = new_encoding("spm", PATTERN, ranks, {})
     return FastSPM(enc, rank_ids, prefix)

@@ -22,6 +22,7 @@ User-defined pieces are added tokens matched in the text, as llama.cpp matches t
 from __future__ import annotations
 
 from model.errors import ModelLoadError
+from model.limits import check_token_strings
 from model.tokenizers.spm import LLAMA_SPLIT, SPACE
 
 # llama.cpp token types (gguf.TokenType): 1 NORMAL, 2 UNKNOWN, 3 CONTROL, 4 USER_DEFINED, 5 UNUSED, 6 BYTE.
@@ -56,8 +57,7 @@ def tokenizer_json_from_gguf(meta: dict, where: str, flavor: str = "gemma") -> d
     types = _types(meta, pieces, where)
     # llama.cpp's converter stores pieces of two or more spaces as spaces; the model looks them up as ▁▁.
     vocab_pieces = [SPACE * len(p) if " " in p and not p.strip() else p for p in pieces]
-    if len(set(vocab_pieces)) != len(vocab_pieces):
-        raise ModelLoadError(f"{where}: the vocabulary has duplicate pieces")
+    check_token_strings(vocab_pieces, where)
     special = {i for i, t in enumerate(types) if t in SPECIAL_TYPES}
     added = [{"id": i, "content": p, "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": i in special}
