@@ -126,7 +126,7 @@ def test_cpu_peer_bench_without_a_peer_still_ends_in_json(capsys, monkeypatch):
     assert cp["targets"]["ceiling"]["value"] == short["tok_s"] / short["ceiling_tok_s"]
     rows = {line.split("|")[0].strip(): line.split("|")[-1].strip() for line in out if "|" in line}
     assert rows["decode tok/s, tg4 from 8 (llama.cpp: 0)"] == rows["decode tok/s, tg4 at depth 32"] == ">= 1.3x"
-    assert rows["prefill tok/s, pp16"] == ">= 3x" and rows["size on disk (ours: converted; llama.cpp: the GGUF)"] \
+    assert rows["prefill tok/s, pp16"] == ">= 3x" and rows["size on disk (ours: what we write; llama.cpp: the GGUF)"] \
         == "<= 1.05x"
     assert any(line.startswith("memory read rate") and line.endswith("(target >= 80%: " +
                ("met" if cp["targets"]["ceiling"]["met"] else "missed") + " short)") for line in out)

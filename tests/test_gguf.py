@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as Q
 from helpers import FFN, HEADS, HIDDEN, KV_HEADS, LAYERS, MIXED, SYSTEM, llama_cpp_permute, write_gguf
 
 from model.errors import ModelLoadError
-from model.loading import load_model
+from model.loading import LoadOptions, load_model
 
 
 def hf_model(state: dict, tied: bool) -> transformers.LlamaForCausalLM:
@@ -61,16 +61,27 @@ def test_logits_match_transformers(tmp_path, home, types, tied):
     assert (wrong - ref).abs().max().item() > 1e-2
 
 
-def test_second_load_reuses_the_conversion(tmp_path, home):
-    path = tmp_path / "tiny.gguf"
-    write_gguf(path, {}, tied=True)
-    load_model(str(path))
-    converted = sorted((home / "gguf").iterdir())
-    assert len(converted) == 1 and (converted[0] / "model.safetensors").is_file()
-    stamp = (converted[0] / "model.safetensors").stat().st_mtime_ns
-    load_model(str(path))
-    assert sorted((home / "gguf").iterdir()) == converted
-    assert (converted[0] / "model.safetensors").stat().st_mtime_ns == stamp
+def files_under(*roots: Path) -> dict[Path, int]:
+    return {p: p.stat().st_mtime_ns for r in roots if r.exists() for p in r.rglob("*") if p.is_file()}
+
+
+def test_opening_a_gguf_writes_only_its_small_files(tmp_path, home):
+    """No model-sized file: not beside the GGUF, not in the cache. Only config.json and the
+    tokenizer's files are cached, once."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    path = folder / "tiny.gguf"
+    write_gguf(path, MIXED, tied=False)
+    before = files_under(folder, home)
+    lm = load_model(str(path), LoadOptions(quantized=True))
+    written = {p: t for p, t in files_under(folder, home).items() if p not in before}
+    assert sorted(p.name for p in written) == ["config.json", "tokenizer.json", "tokenizer_config.json"]
+    assert all(p.parent.parent == home / "gguf-meta" for p in written)
+    assert sum(p.stat().st_size for p in written) < path.stat().st_size
+    assert sum(p.stat().st_size for p in written if p.name != "tokenizer.json") < 10_000
+    load_model(str(path), LoadOptions(quantized=True))
+    assert files_under(folder, home) == {**before, **written}   # the second open reads them, writes nothing
+    assert lm.model.lm_head.out_features > 0
 
 
 def leftovers(home: Path) -> list[Path]:

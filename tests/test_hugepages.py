@@ -1,7 +1,8 @@
-"""The quantized weights in one huge-page arena (model/cpu/hugepages.py): a converted GGUF's
-QLinear buffers are moved into an anonymous mapping advised MADV_HUGEPAGE at load, the loader's
-file mapping is let go, and the C step computes the same logits from the moved bytes as from
-the file's pages (tests/data/tiny_llama_q3_k_m.gguf: llama-quantize's Q3_K_M mix)."""
+"""The quantized weights in one huge-page arena (model/cpu/hugepages.py): a GGUF's QLinear buffers
+(opened in place, or from a converted model directory) land in an anonymous mapping advised
+MADV_HUGEPAGE at load, the file's mapping is let go, and the C step computes the same logits from
+the moved bytes as from the file's pages (tests/data/tiny_llama_q3_k_m.gguf: llama-quantize's
+Q3_K_M mix)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from model.cpu import native
 from model.cpu.hugepages import model_linears
 from model.cpu.step import CpuStep
 from model.loading import LoadOptions, load_model
+from model.loading.gguf import convert_gguf
 
 GGUF = Path(__file__).parent / "data" / "tiny_llama_q3_k_m.gguf"
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"),
@@ -42,11 +44,13 @@ def logits(lm, ids: list[int]) -> torch.Tensor:
         return torch.stack([step(t).clone() for t in ids])
 
 
-def test_weights_move_into_one_advised_mapping_and_compute_the_same(tmp_path, monkeypatch):
+@pytest.mark.parametrize("source", ["gguf", "folder"])
+def test_weights_move_into_one_advised_mapping_and_compute_the_same(tmp_path, monkeypatch, source):
     monkeypatch.setenv("NANOCHAT_TUI_HOME", str(tmp_path / "home"))
-    lm = load_model(str(GGUF), LoadOptions(quantized=True))
-    # the loader's mapping of the converted file is gone (it kept the pages the copy read resident)
-    assert not [m for m in Path("/proc/self/maps").read_text().splitlines() if str(tmp_path) in m]
+    spec = GGUF if source == "gguf" else convert_gguf(GGUF, tmp_path / "folder")
+    lm = load_model(str(spec), LoadOptions(quantized=True))
+    # the loader's mapping of the file is gone (it kept the pages the copy read resident)
+    assert not [m for m in Path("/proc/self/maps").read_text().splitlines() if str(spec) in m]
     monkeypatch.setenv("NANOCHAT_HUGEPAGES", "0")
     plain = load_model(str(GGUF), LoadOptions(quantized=True))
     lins, before = model_linears(lm.model), model_linears(plain.model)
@@ -70,4 +74,4 @@ def test_the_off_switch_keeps_the_files_pages(tmp_path, monkeypatch):
     monkeypatch.setenv("NANOCHAT_HUGEPAGES", "0")
     lm = load_model(str(GGUF), LoadOptions(quantized=True))
     line, _ = mapping_of(lm.model.lm_head.q.data_ptr())
-    assert line.split()[-1].endswith(".safetensors") and line.split()[-1].startswith(str(tmp_path))
+    assert line.split()[-1] == str(GGUF.resolve())   # read where it lies: the GGUF's own pages

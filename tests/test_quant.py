@@ -31,11 +31,11 @@ from chatapp.keeper.keeper import ChatKeeper
 from model.cpu import native, prefill_gemm
 from model.cpu.blocks import BLOCK_TYPES, dequantize
 from model.cpu.qlinear import QLinear
-from model.cpu.step import CpuStep
+from model.cpu.step import STEPS_BELOW, CpuStep
 from model.decode.generate import Generator
 from model.errors import ModelLoadError
 from model.loading import LoadOptions, load_model
-from model.loading.gguf import converted_dir
+from model.loading.gguf import convert_gguf
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"CPU kernels unavailable: {native.why_not()}")
 
@@ -229,30 +229,72 @@ CORRUPT = {"repacked": ("model.layers.0.self_attn.k_proj.weight.scale", r"\(mins
            "file-bytes": ("model.layers.0.mlp.gate_proj.weight.q4_k", r"\(q4_k torch.uint8 \(512, 3\); q4_k rows")}
 
 
+def test_a_short_prefill_is_decode_steps(mixed_gguf, home):
+    """A prompt shorter than the prefill GEMM's fixed cost (it prepares every weight block on each
+    call, about eight decode steps) is fed through the C step, token by token: never slower than
+    decoding it. A longer one takes the model's forward."""
+    q = load_model(str(mixed_gguf), LoadOptions(quantized=True))
+    forwards: list[int] = []
+    q.model.register_forward_hook(lambda *a: forwards.append(1))
+    gen = Generator(q.model, q.model.new_cache(64), q.tokenizer.vocab_size)
+    ids = list(range(3, 3 + STEPS_BELOW - 1))
+    gen.prefill(ids)
+    assert forwards == [] and gen.cache.seqlen == len(ids)
+    alone = CpuStep(q.model, q.model.new_cache(64))
+    assert torch.equal(gen.logits, alone.prefill(ids)[:q.tokenizer.vocab_size])
+    gen.cache.reset()
+    gen.prefill(list(range(3, 3 + STEPS_BELOW)))
+    assert forwards == [1] and gen.cache.seqlen == STEPS_BELOW
+
+
+@pytest.mark.parametrize("hugepages", ["1", "0"], ids=["arena", "file-pages"])
+def test_a_gguf_opened_in_place_computes_what_its_converted_copy_does(mixed_gguf, tmp_path, home, monkeypatch,
+                                                                       hugepages):
+    """Opening in place (weights from the GGUF's mapping, repacked or unpermuted at load) gives the
+    weights, logits and decode steps of the converted directory the loader used to write, bit
+    for bit, on the quantized path and the fp32 reference."""
+    monkeypatch.setenv("NANOCHAT_HUGEPAGES", hugepages)
+    folder = convert_gguf(mixed_gguf, tmp_path / "mixed-model")
+    for opts in (LoadOptions(quantized=True), LoadOptions()):
+        a, b = load_model(str(mixed_gguf), opts), load_model(str(folder), opts)
+        for (name, x), (_, y) in zip(a.model.named_buffers(), b.model.named_buffers(), strict=True):
+            assert x.dtype == y.dtype and torch.equal(x, y), name
+        for (name, x), (_, y) in zip(a.model.named_parameters(), b.model.named_parameters(), strict=True):
+            assert torch.equal(x, y), name
+        ids = a.template.start("") + a.template.user_turn("hello 1234 world")
+        with torch.no_grad():
+            assert torch.equal(a.model(torch.tensor([ids]), a.model.new_cache(64)),
+                               b.model(torch.tensor([ids]), b.model.new_cache(64)))
+    quantized = [load_model(str(src), LoadOptions(quantized=True)) for src in (mixed_gguf, folder)]
+    steps = [CpuStep(lm.model, lm.model.new_cache(64), 1) for lm in quantized]
+    for tok in ids:
+        assert torch.equal(steps[0](tok), steps[1](tok))
+
+
 @pytest.mark.parametrize("which", CORRUPT)
 @pytest.mark.parametrize("quantized", [True, False], ids=["quantized", "dequantized"])
-def test_corrupt_quantized_tensor_names_the_file(mixed_gguf, home, quantized, which):
-    load_model(str(mixed_gguf), LoadOptions(quantized=True))
-    weights = converted_dir(mixed_gguf) / "model.safetensors"
+def test_corrupt_quantized_tensor_names_the_file(mixed_gguf, tmp_path, home, quantized, which):
+    """A model directory holding our block formats (what `nanochat-tui pull` installs) with a part
+    that does not fit its weight: one line naming the directory."""
+    folder = convert_gguf(mixed_gguf, tmp_path / "mixed-model")
+    weights = folder / "model.safetensors"
     state = load_file(str(weights))
     key, why = CORRUPT[which]
     state[key] = state[key][:, :3].contiguous()
     save_file(state, str(weights))
     base = key.rsplit(".", 1)[0]
-    with pytest.raises(ModelLoadError, match=rf"mixed\.gguf: quantized weight {base} is corrupt {why}") as e:
-        load_model(str(mixed_gguf), LoadOptions(quantized=quantized))
+    with pytest.raises(ModelLoadError, match=rf"mixed-model: quantized weight {base} is corrupt {why}") as e:
+        load_model(str(folder), LoadOptions(quantized=quantized))
     assert "\n" not in str(e.value)
 
 
-def test_truncated_converted_weights_name_the_file(mixed_gguf, home):
-    load_model(str(mixed_gguf), LoadOptions(quantized=True))
-    weights = converted_dir(mixed_gguf) / "model.safetensors"
+def test_truncated_converted_weights_name_the_folder(mixed_gguf, tmp_path, home):
+    folder = convert_gguf(mixed_gguf, tmp_path / "mixed-model")
+    weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-1000])
-    with pytest.raises(ModelLoadError, match=r"mixed\.gguf") as e:
-        load_model(str(mixed_gguf), LoadOptions(quantized=True))
+    with pytest.raises(ModelLoadError, match=r"mixed-model") as e:
+        load_model(str(folder), LoadOptions(quantized=True))
     assert "\n" not in str(e.value)
-    assert not converted_dir(mixed_gguf).exists()   # the broken copy is dropped: the next load converts again
-    assert isinstance(load_model(str(mixed_gguf), LoadOptions(quantized=True)).model.lm_head, QLinear)
 
 
 def test_cpu_step_serves_gemma_windows_and_norms(tmp_path, home):

@@ -7,14 +7,14 @@ One run measures, on `--threads N` for both engines:
 - this machine's memory read rate, and the decode ceiling it implies: rate / bytes a token
   reads (our weights as stored, through `weight_bytes_per_token`, plus K/V at that depth);
 - a headless chat's resident memory after one turn at the model's default context and its
-  load-to-ready time (chatapp/bench/footprint.py), and the converted model's size on disk
-  against the GGUF's.
+  load-to-ready time (chatapp/bench/footprint.py), and the size of what we write on disk
+  (a GGUF's cached config and tokenizer; a pulled model's directory) against the GGUF's.
 
 The targets are issue 24's (docs/benchmarks.md): the default model (SmolLM2-135M) decodes >= 1.5x
 llama.cpp from empty and >= 2x at depth, every other model >= 1.3x at both; prefill >= 3x;
 decode from empty reaches >= 80% of the read-rate ceiling; the default model's RSS after a turn
 stays <= 392 MB (what it was when issue 24 was filed; other models' RSS is printed, not judged);
-the converted model on disk is <= 1.05x the GGUF.
+what we write on disk is <= 1.05x the GGUF.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from chatapp.bench.llamacpp import find_binary, pick, print_peer_note, run_peer
 from chatapp.bench.models import default_model_path
 from model.decode.generate import Generator
 from model.loading import LoadedModel
-from model.loading.gguf import converted_dir
+from model.loading.gguf_open import metadata_dir
 
 SHORT_PROMPT = 8  # tokens in the cache before the short-context decode starts
 DEFAULT_MODEL = "smollm2-135m"   # how the default model's name starts (a GGUF's file name, the pulled folder)
@@ -60,14 +60,15 @@ def target_text(key: str, target: tuple[str, float] | None) -> str:
 
 
 def sources(spec: str, gguf: str | None) -> tuple[str, Path | None, Path | None]:
-    """(model spec for a headless chat, the GGUF llama.cpp reads, our converted copy on disk)."""
+    """(model spec for a headless chat, the GGUF llama.cpp reads, what we keep on disk for it: a
+    pulled model's directory, or a GGUF's cached config and tokenizer; its weights are read in place)."""
     if spec.endswith(".gguf"):
         gguf = spec
     elif spec != "default":
         path = Path(spec)
         return spec, None, path if path.is_dir() else None
     if gguf:
-        return gguf, Path(gguf), converted_dir(Path(gguf))
+        return gguf, Path(gguf), metadata_dir(Path(gguf))
     pulled = default_model_path()
     return (str(pulled), None, pulled) if pulled else ("random:smollm2-135m", None, None)
 
@@ -204,7 +205,7 @@ def print_cpu_peer(model: str, note: str, res: dict) -> None:
         (f"RSS after one turn (ours: headless, context {hl.get('context', '-')}; llama.cpp: llama-bench peak)",
          f"{_mb(rss)} (peak {_mb(hl.get('peak_rss_bytes'))})", _mb(peer_rss), _x(ratio(rss, peer_rss)),
          goal("rss_mb")),
-        ("size on disk (ours: converted; llama.cpp: the GGUF)", _mb(disk["ours_bytes"]), _mb(disk["gguf_bytes"]),
+        ("size on disk (ours: what we write; llama.cpp: the GGUF)", _mb(disk["ours_bytes"]), _mb(disk["gguf_bytes"]),
          _x(disk["ratio"]), goal("disk_ratio")),
         ("load to ready, warm (ours: headless spawn to the ready line)", _f(hl.get("ready_s"), "{:.2f} s"), "-", "-",
          ""),

@@ -16,7 +16,7 @@ from chatapp.pull.resolve import pullable, pulled_name
 from chatapp.store.tempfiles import write_atomic
 from model.errors import UserError
 from model.files import read_bytes
-from model.loading.gguf import cache_root
+from model.paths import cache_root
 
 DEFAULT = "default"          # `/model default`: the default model, pulled first if need be
 RECENT_FILE = "recent-models.json"

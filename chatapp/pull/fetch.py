@@ -26,7 +26,8 @@ from pathlib import Path
 
 from chatapp.pull.progress import ProgressFn, PullProgress, StderrBar, Throttled
 from model.errors import UserError
-from model.loading.gguf import CONVERTER_VERSION, cache_root, convert_gguf, missing_dirs, remove_empty, staging_dir
+from model.loading.gguf import CONVERTER_VERSION, convert_gguf, missing_dirs, remove_empty, staging_dir
+from model.paths import cache_root
 
 CHUNK = 1 << 20
 

@@ -48,21 +48,17 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
     return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
 
 
-def pack4(q: np.ndarray) -> np.ndarray:
-    """(..., 32k) values 0..15 -> our Q4 bytes (..., 16k)."""
-    b = q.reshape(*q.shape[:-1], -1, 2, 16).astype(np.uint8)
-    return (b[..., 0, :] | (b[..., 1, :] << 4)).reshape(*q.shape[:-1], -1)
-
-
 def _unpack(kind: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
-    """(values per element, scales, mins or None, values per scale) of a block array (n, bytes)."""
+    """(values, scales, mins or None, values per scale) of a block array (n, bytes). The 4-bit
+    types' values stay packed: llama.cpp's 32-value layout (byte j: value j in the low nibble,
+    value j+16 in the high one) is our Q4's, so their bytes are copied as they are."""
     if kind == "Q8_0":
         return raw[:, 2:].view(np.int8), _f16(raw[:, :2]), None, 32
     if kind == "Q4_0":
         d = _f16(raw[:, :2])
-        return _nibbles(raw[:, 2:]), d, d * np.float16(-8), 32   # (q - 8) d == q d - 8 d, both exact
+        return raw[:, 2:], d, d * np.float16(-8), 32   # (q - 8) d == q d - 8 d, both exact
     if kind == "Q4_1":
-        return _nibbles(raw[:, 4:]), _f16(raw[:, :2]), _f16(raw[:, 2:4]), 32
+        return raw[:, 4:], _f16(raw[:, :2]), _f16(raw[:, 2:4]), 32
     if kind == "Q5_1":
         high = np.unpackbits(raw[:, 4:8], axis=-1, bitorder="little")
         q = _nibbles(raw[:, 8:]) | (high << 4)
@@ -74,12 +70,11 @@ def repack(kind: str, raw: np.ndarray, rows: int, cols: int) -> Packed:
     """A GGUF block tensor's bytes (as the gguf reader gives them) -> Packed (rows, cols)."""
     raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows * cols // 32, -1)
     q, scale, mn, sub = _unpack(kind, raw)
-    q = q.reshape(rows, cols)
     scale = np.ascontiguousarray(scale.reshape(rows, cols // sub))
     mn = None if mn is None else np.ascontiguousarray(mn.reshape(rows, cols // sub))
-    if q.dtype == np.uint8:
-        return Packed(Q4, pack4(q), scale, mn, sub)
-    return Packed(Q8, np.ascontiguousarray(q), scale, mn, sub)
+    if kind in ("Q4_0", "Q4_1"):
+        return Packed(Q4, np.ascontiguousarray(q).reshape(rows, cols // 2), scale, mn, sub)
+    return Packed(Q8, np.ascontiguousarray(q).reshape(rows, cols), scale, mn, sub)
 
 
 # ---- back to floats (torch): the reference the kernels and the fp32 path use -------------------

@@ -15,6 +15,13 @@ from kvcache import KVCache
 from model.cpu import native
 from model.cpu.qlinear import QLinear
 
+# A prefill chunk shorter than this goes token by token through the step. The prefill GEMM
+# prepares every weight block again on each call (qgemm.c's unpacking), a cost of about eight
+# decode steps whatever the chunk's length, so a short prompt by GEMM was slower than decoding
+# it: on the Llama-3.2-1B shape (Q4_0, 2 threads, load average 9-10), 4 tokens took 1.01 s by
+# GEMM against 0.56 s by steps, 8 1.13/1.12, 12 1.11/1.55, 16 1.12/2.73 (docs/cpu-prefill.md).
+STEPS_BELOW = 12
+
 
 def build_cpu_step(model: torch.nn.Module, cache: KVCache) -> CpuStep | None:
     """The C step for a Llama-shaped or Gemma 3 model (the caller knows which families those are:
@@ -91,6 +98,12 @@ class CpuStep:
             raise ValueError(f"token id {token} is outside the vocabulary")
         c.advance(1)
         return self.logits
+
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        """The logits after feeding `ids` one step at a time."""
+        for token in ids:
+            logits = self(token)
+        return logits
 
     def __del__(self):
         if getattr(self, "ctx", None):

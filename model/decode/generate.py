@@ -15,6 +15,7 @@ import warnings
 import torch
 
 from kvcache import KVCache
+from model.cpu.step import STEPS_BELOW
 from model.decode.graph_config import GraphConfig
 from model.decode.graphs import GraphDecoder
 from model.decode.prefill_graphs import PrefillGraphs, chunk_tokens
@@ -93,7 +94,11 @@ class Generator:
             self._prefill_graphs(ids)
         else:
             for i in range(0, len(ids), self.prefill_chunk):
-                chunk = torch.tensor([ids[i:i + self.prefill_chunk]], dtype=torch.long, device=self.device)
+                part = ids[i:i + self.prefill_chunk]
+                if self.cpu_step is not None and len(part) < STEPS_BELOW:   # shorter than the GEMM's fixed cost
+                    self.logits = self.cpu_step.prefill(part)[:self.vocab_size]
+                    continue
+                chunk = torch.tensor([part], dtype=torch.long, device=self.device)
                 self.logits = self.model(chunk, self.cache, last=True)[0, -1, :self.vocab_size]
         if self.graphs is not None and ids:
             self.graphs.load_logits(self.logits, ids[-1])

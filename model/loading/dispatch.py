@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from model.errors import ModelLoadError
-from model.loading.gguf import load_gguf
+from model.loading.gguf_open import load_gguf
 from model.loading.hf import load_hf_dir
 from model.loading.nanochat import load_nanochat
 from model.loading.options import LoadedModel, LoadOptions

@@ -1,18 +1,18 @@
-"""GGUF files (Llama, Qwen2, Qwen3, Gemma 3), converted once into the canonical model directory.
+"""GGUF files (Llama, Qwen2, Qwen3, Gemma 3): what their tensors become.
 
-`convert_gguf` keeps every tensor's quantization: block types are repacked into our block
-formats (model/cpu/blocks.py, exact), dense ones are copied. It renames them to Hugging Face's
-naming by the family's `GGUFLayout` (model/families/declare.py, declared in the family's file,
-which also says what llama.cpp's converter changed for it), undoes llama.cpp's Q/K row
-permutation (its converter permutes `llama` only), turns a `rope_freqs` tensor (Llama 3.x
-scaling) into config.json's rope_freq_factors, and writes config.json, model.safetensors,
-tokenizer.json and tokenizer_config.json. `load_gguf` converts into the cache on first use and
-then loads the directory like any other, memory-mapped.
+Every tensor keeps its quantization: block types are repacked into our block formats
+(model/cpu/blocks.py, exact), the others are the file's own bytes. Tensors are renamed to Hugging
+Face's naming by the family's `GGUFLayout` (model/families/declare.py, declared in the family's
+file, which also says what llama.cpp's converter changed for it), llama.cpp's Q/K row permutation
+is undone, and a `rope_freqs` tensor (Llama 3.x scaling) becomes config.json's rope_freq_factors.
+
+Opening a GGUF (model/loading/gguf_open.py) makes these tensors in memory and writes nothing
+model-sized. `convert_gguf` writes them as a whole model directory: what `nanochat-tui pull`
+installs, since it keeps no GGUF.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -29,10 +29,7 @@ from model.errors import ModelLoadError
 from model.families.declare import GGUFLayout
 from model.families.registry import gguf_families
 from model.loading.gguf_meta import GGUFFile, hf_config, open_gguf, tokenizer_files
-from model.loading.hf import load_hf_dir
-from model.loading.options import LoadedModel, LoadOptions
 from model.loading.safetensors_out import TensorSpec, write_safetensors
-from model.paths import cache_root
 
 Progress = Callable[[str, float, float], None]   # (stage, done, total)
 CONVERTER_VERSION = "6"   # bump when the output of convert_gguf changes: cached conversions are redone
@@ -132,7 +129,8 @@ def tensor_data(t, part: str, config: dict, cache: dict, layout: GGUFLayout) -> 
         w = np.asarray(t.data)
         if kind not in DENSE_TYPES:   # a type without a kernel: the gguf package's exact values
             w = file_blocks.gguf_quants.dequantize(w, t.tensor_type)
-        w = w.view(np.uint16) if kind == "BF16" else w.view(np.float16) if kind == "F16" else w.astype(np.float32)
+        w = (w.view(np.uint16) if kind == "BF16" else w.view(np.float16) if kind == "F16"
+             else w.astype(np.float32, copy=False))   # a view of the file where it can be
         w = w.reshape(shape)
         if layout.fix_tensor is not None:
             return layout.fix_tensor(t.name, w)
@@ -160,8 +158,9 @@ def permuted(w: np.ndarray, gguf_name: str, config: dict) -> np.ndarray:
     return w
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = None, name: str | None = None) -> Path:
-    """Write the canonical model directory for a GGUF file into `out_dir` (created)."""
+def read_model(gguf_path: Path, progress: Progress | None = None,
+               name: str | None = None) -> tuple[GGUFFile, dict, list[tuple[TensorSpec, object, str]]]:
+    """(the opened file, config.json's contents, its tensor plan): everything but the weights' bytes."""
     if progress:
         progress("read", 0, 1)   # GGUFReader takes seconds on a large vocabulary: say so first
     g = open_gguf(Path(gguf_path))
@@ -175,32 +174,49 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = Non
     config["nanochat_tui_tuning"] = gguf_tuning(g.meta)   # 'base': completion mode when there is no template
     embd = next(t for s, t, part in plan if t is not None and t.name == "token_embd.weight")
     config["vocab_size"] = int(embd.shape[-1])   # padded vocabularies included
+    return g, config, plan
+
+
+def write_metadata(g: GGUFFile, config: dict, out_dir: Path) -> None:
+    """config.json, tokenizer.json and tokenizer_config.json: the small files of a model directory."""
     tokenizer_json, tokenizer_config = tokenizer_files(g)   # builds the tokenizer once: errors surface now
-    if progress:
-        progress("read", 1, 1)
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    files = (("config.json", config), ("tokenizer.json", tokenizer_json), ("tokenizer_config.json", tokenizer_config))
+    for fname, data in files:
+        text = json.dumps(data, ensure_ascii=False, indent=None if fname == "tokenizer.json" else 2)
+        (out_dir / fname).write_text(text + "\n", encoding="utf-8")
+
+
+def produce(g: GGUFFile, config: dict, plan: list) -> Callable[[TensorSpec], np.ndarray]:
+    """spec -> its array, in plan order: a view of the file's mapping where the tensor is kept
+    as the file has it, else made in memory (repacked, Q/K rows unpermuted, dequantized)."""
     sources = {s.name: (t, part) for s, t, part in plan}
     cache: dict = {}
     layout = gguf_families()[g.arch].gguf
 
-    def produce(spec: TensorSpec) -> np.ndarray:
+    def one(spec: TensorSpec) -> np.ndarray:
         t, part = sources[spec.name]
         if part == "pad":
             return np.zeros(spec.shape, np.uint8)
         try:
             return tensor_data(t, part, config, cache, layout)
         except (ValueError, IndexError) as e:   # short data in a truncated file
-            raise ModelLoadError(f"{gguf_path}: tensor {t.name} is unreadable ({e}); the file may be "
+            raise ModelLoadError(f"{g.path}: tensor {t.name} is unreadable ({e}); the file may be "
                                  "truncated") from None
+    return one
 
+
+def convert_gguf(gguf_path: Path, out_dir: Path, progress: Progress | None = None, name: str | None = None) -> Path:
+    """Write the canonical model directory for a GGUF file into `out_dir` (created): what
+    `nanochat-tui pull` installs, since it keeps no GGUF. Opening a GGUF writes none of this."""
+    g, config, plan = read_model(gguf_path, progress, name)
+    out_dir = Path(out_dir)
+    write_metadata(g, config, out_dir)
+    if progress:
+        progress("read", 1, 1)
     report = (lambda i: progress("convert", i, len(plan))) if progress else None
-    write_safetensors(out_dir / "model.safetensors", [s for s, _, _ in plan], produce,
+    write_safetensors(out_dir / "model.safetensors", [s for s, _, _ in plan], produce(g, config, plan),
                       metadata={"format": "pt", "source": Path(gguf_path).name}, on_tensor=report)
-    files = (("config.json", config), ("tokenizer.json", tokenizer_json), ("tokenizer_config.json", tokenizer_config))
-    for fname, data in files:
-        text = json.dumps(data, ensure_ascii=False, indent=None if fname == "tokenizer.json" else 2)
-        (out_dir / fname).write_text(text + "\n", encoding="utf-8")
     return out_dir
 
 
@@ -241,46 +257,3 @@ def remove_empty(dirs: list[Path]) -> None:
             d.rmdir()
         except OSError:   # not empty: someone else uses it now
             return
-
-
-def convert_atomically(gguf_path: Path, final: Path, progress: Progress | None = None,
-                       name: str | None = None) -> Path:
-    """Convert into a temp dir beside `final`, then rename: `final` is complete or absent."""
-    created = missing_dirs(final.parent)
-    tmp = staging_dir(final.parent, f".{final.name}.partial-")
-    try:
-        convert_gguf(gguf_path, tmp, progress, name)
-        os.rename(tmp, final)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (final / "config.json").exists():   # unless a concurrent conversion won the race
-            remove_empty(created)
-            raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        remove_empty(created)
-        raise
-    return final
-
-
-def converted_dir(gguf_path: Path) -> Path:
-    """Where the conversion of this exact file lives: keyed by path, size and mtime."""
-    st = gguf_path.stat()
-    key = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{CONVERTER_VERSION}"
-    return cache_root() / "gguf" / f"{gguf_path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-
-
-def load_gguf(path: Path, opts: LoadOptions) -> LoadedModel:
-    path = Path(path)
-    target = converted_dir(path)
-    created = missing_dirs(target.parent)
-    if not (target / "config.json").exists():
-        convert_atomically(path, target)
-    try:
-        return load_hf_dir(target, opts)
-    except ModelLoadError as e:
-        # A converted copy of a model that cannot load is not worth keeping; and the error names
-        # the file the user gave, not our copy of it.
-        shutil.rmtree(target, ignore_errors=True)
-        remove_empty(created)
-        raise ModelLoadError(str(e).replace(str(target), str(path))) from None

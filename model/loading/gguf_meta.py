@@ -62,7 +62,7 @@ def open_gguf(path: Path) -> GGUFFile:
 
     check_gguf(path)  # every count and tensor range checked before the reader trusts them
     try:
-        reader = FastReader(path)
+        reader = FastReader(path, "c")   # copy-on-write: arrays torch can wrap (nothing writes them)
         meta = {**{k: f.contents() for k, f in reader.fields.items() if k.startswith("GGUF.")}, **reader.values}
     except (ValueError, IndexError, KeyError, OSError, UnicodeDecodeError, OverflowError, struct.error,
             RecursionError) as e:

@@ -53,10 +53,11 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def build_model(family: Family, cfg, weights: dict[str, torch.Tensor], opts: LoadOptions,
-                where: str) -> torch.nn.Module:
+                where: str, placed: bool) -> torch.nn.Module:
     """The family's model with Hugging Face-named weights (Llama-shaped names and tying).
-    Block-quantized weights (a converted GGUF) stay quantized when `opts.quantized`, else
-    they are dequantized exactly (loading/quantized.py)."""
+    Block-quantized weights (a GGUF's) stay quantized when `opts.quantized`, else they are
+    dequantized exactly (loading/quantized.py). Quantized weights not yet `placed` where the
+    step reads them (a safetensors file's mapping) move into the huge-page arena."""
     with torch.device("meta"):
         model = family.model(cfg, Attention(opts.attn))
     packed = take_packed(weights, where)
@@ -86,14 +87,16 @@ def build_model(family: Family, cfg, weights: dict[str, torch.Tensor], opts: Loa
     model.load_state_dict(state, strict=False, assign=True)
     if opts.quantized:
         install(model, packed, weights)
-        if into_arena(model_linears(model)):   # 2 MB pages for the weights a token streams
+        if not placed and into_arena(model_linears(model)):   # 2 MB pages for the weights a token streams
             own_the_rest(model)
     elif cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval()
 
 
-def load_hf_dir(path: Path, opts: LoadOptions) -> LoadedModel:
+def load_hf_dir(path: Path, opts: LoadOptions, weights: dict[str, torch.Tensor] | None = None) -> LoadedModel:
+    """A model directory; `weights`, when given, are its tensors already where they stay (a GGUF
+    opened in place: model/loading/gguf.py), and the directory holds only the small files."""
     config = read_json(path / "config.json")
     archs = config.get("architectures") or ["LlamaForCausalLM"]
     archs = {archs} if isinstance(archs, str) else set(map(str, archs)) if isinstance(archs, list) else {str(archs)}
@@ -106,7 +109,8 @@ def load_hf_dir(path: Path, opts: LoadOptions) -> LoadedModel:
         cfg = family.config.from_dict(config, **family.fixed_config)
     except ValueError as e:
         raise ModelLoadError(f"{path / 'config.json'}: {e}") from None
-    model = build_model(family, cfg, read_safetensors(path), opts, str(path))
+    placed = weights is not None
+    model = build_model(family, cfg, weights if placed else read_safetensors(path), opts, str(path), placed)
     tokenizer_config = read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").exists() else {}
     try:
         tokenizer = tokenizer_from_json(path / "tokenizer.json", tokenizer_config)
