@@ -19,13 +19,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from chatapp.store import schema
+from chatapp.store import guard, schema
 from chatapp.store.records import ChatChanged, ChatRecord, ChatSummary, StoredMessage, StoreError, describe
 from chatapp.store.tempfiles import sweep
 from chatapp.store.validate import DAMAGED_SQL, chat_row
 from model.paths import tui_home
 
 SNAPSHOT_BUDGET = 4 << 30  # the default: past it, older chats lose their snapshots (they re-prefill)
+CHAT = ["id", "title", "model", "model_fingerprint", "tokenizer_fingerprint", "settings", "system",
+        "prefix_tokens", "cache_pos", "created", "updated"]
+
+
+def shown(cell) -> str:
+    return "(too large to show)" if cell is guard.TOO_BIG else str(cell)
 
 
 def writable(path: Path) -> bool:
@@ -61,12 +67,13 @@ class ChatStore:
         self.lock = threading.Lock()  # the TUI saves from its turn worker, lists from the UI thread
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            if self.path.exists() and not self.path.is_file():  # a link to /dev/null: SQLite would write beside it
-                raise StoreError(f"cannot open the chats database {self.path}: not a regular file")
+            guard.check_files(self.path)  # a link: SQLite would write through it, over another file
             if read_only is None:
                 read_only = self.path.exists() and not writable(self.path)
             self.read_only = read_only
             self.db = schema.connect(self.path, timeout, read_only)
+            guard.check_schema(self.db, self.path)  # before any statement runs a trigger or a view
+            guard.check_size(self.db, self.path)
             self.db.execute("PRAGMA foreign_keys = ON")
             schema.init(self.db, self.path, read_only)
             self._stop = schema.stop_column(self.db)
@@ -184,25 +191,31 @@ class ChatStore:
     def get(self, chat_id: int) -> ChatRecord | None:
         if not 0 < chat_id < 2**63:  # SQLite integers are signed 64-bit: no such row, not an OverflowError
             return None
+        message = ["role", "content", "token_ids", "tool_calls", self.stop_column()]
         with self._guard("read the chat") as db:
-            row = db.execute("SELECT id, title, model, model_fingerprint, tokenizer_fingerprint, settings, system,"
-                             " prefix_tokens, cache_pos, created, updated FROM chats WHERE id = ?",
-                             (chat_id,)).fetchone()
+            try:
+                row = db.execute(f"SELECT {', '.join(CHAT)} FROM chats WHERE id = ?", (chat_id,)).fetchone()
+                msgs = db.execute(f"SELECT {', '.join(message)} FROM messages WHERE chat_id = ? ORDER BY seq",
+                                  (chat_id,)).fetchall() if row else []
+            except sqlite3.DataError:  # a cell past the cap: each read alone, the large one never loaded
+                row, msgs = guard.chat_cells(db, chat_id, CHAT, message)
             if row is None:
                 return None
-            msgs = db.execute(f"SELECT role, content, token_ids, tool_calls, {self.stop_column()} FROM messages"
-                              " WHERE chat_id = ? ORDER BY seq", (chat_id,)).fetchall()
         return chat_row(row, msgs, ChatRecord, StoredMessage)  # every cell checked: a corrupt one noted, never raised
 
     def list(self, limit: int = 500) -> list[ChatSummary]:
         """Most recently updated first."""
+        # messages as /edit N and the transcript number them: the user's (each with its reply)
+        columns = ["c.id", "c.title", "c.model", "c.updated", "COUNT(CASE m.role WHEN 'user' THEN 1 END)", DAMAGED_SQL]
+        joined = "FROM chats c LEFT JOIN messages m ON m.chat_id = c.id"
         with self._guard("list the chats") as db:
-            # messages as /edit N and the transcript number them: the user's (each with its reply)
-            rows = db.execute("SELECT c.id, c.title, c.model, c.updated, COUNT(CASE m.role WHEN 'user' THEN 1 END)"
-                              f", {DAMAGED_SQL} FROM chats c"
-                              " LEFT JOIN messages m ON m.chat_id = c.id GROUP BY c.id"
-                              " ORDER BY c.updated DESC, c.id DESC LIMIT ?", (limit,)).fetchall()
-        return [ChatSummary(i, str(t), str(m), u if isinstance(u, float | int) else 0.0, n, bool(d))
+            try:
+                rows = db.execute(f"SELECT {', '.join(columns)} {joined} GROUP BY c.id"
+                                  " ORDER BY c.updated DESC, c.id DESC LIMIT ?", (limit,)).fetchall()
+            except sqlite3.DataError:  # a cell past the cap: each chat's cells read alone
+                rows = guard.listing_cells(db, columns, f"{joined} WHERE c.id = ? GROUP BY c.id", limit)
+        return [ChatSummary(i, shown(t), shown(m), u if isinstance(u, float | int) else 0.0,
+                            n if isinstance(n, int) else 0, d is guard.TOO_BIG or bool(d))
                 for i, t, m, u, n, d in rows]
 
     def search(self, query: str) -> set[int]:

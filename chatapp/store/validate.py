@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 
 from chatapp.chat.settings import SETTINGS, parse_settings, settings_text
+from chatapp.store.guard import MAX_CELL_BYTES, TOO_BIG
 from model.errors import UserError
 
 STOPS = ("", "end", "length", "context", "cancel", "error")  # TurnStats.stop, and '' for "not known"
@@ -30,7 +31,14 @@ class Cells:
     def note(self, what: str) -> None:
         self.damage.append(f"{self.where}{what}")
 
+    def too_big(self, raw, name: str) -> bool:
+        if raw is TOO_BIG:
+            self.note(f"{name} is larger than {MAX_CELL_BYTES >> 20} MiB and was not read")
+        return raw is TOO_BIG
+
     def json(self, raw, name: str, kind: type, default):
+        if self.too_big(raw, name):
+            return default
         if not isinstance(raw, str | bytes):
             self.note(f"{name} is {type(raw).__name__}, not JSON text")
             return default
@@ -47,6 +55,8 @@ class Cells:
     def text(self, raw, name: str, default: str = "") -> str:
         if isinstance(raw, str):
             return raw
+        if self.too_big(raw, name):
+            return default
         if isinstance(raw, bytes):
             self.note(f"{name} is bytes, not text")
             return raw.decode("utf-8", "replace")
@@ -84,8 +94,8 @@ class Cells:
 
     def stop(self, raw, name: str) -> str:
         """A reply's stop reason; anything else is not known ('')."""
-        if raw in STOPS:
-            return raw
+        if raw in STOPS or self.too_big(raw, name):
+            return raw if raw in STOPS else ""
         self.note(f"{name} is {str(raw)[:20]!r}, not a stop reason")
         return ""
 
