@@ -90,6 +90,8 @@ BAD_CHUNKS = {
     "timings.prompt_n as a string": b'{"choices": [], "timings": {"cache_n": 3, "prompt_n": "12"}}',
     "timings.cache_n 1e999": b'{"choices": [], "timings": {"cache_n": 1e999}}',
     "predicted_per_second NaN": b'{"choices": [], "timings": {"cache_n": 1, "predicted_per_second": NaN}}',
+    "predicted_per_second 401 digits": b'{"choices": [], "timings": {"cache_n": 1, "predicted_per_second": 1'
+                                       + b"0" * 400 + b"}}",
     "finish_reason as an object": b'{"choices": [{"delta": {}, "finish_reason": {"why": 1}}]}',
     "nested 100,000 deep": b"[" * 100_000 + b"]" * 100_000,
 }
@@ -198,3 +200,47 @@ def test_a_model_id_with_escapes_is_shown_escaped():
         list(s.send("hello"))
     assert info.model == "m\x1b]0;owned\x07"  # sent back as the server spelled it
     assert s.lm.name.startswith("m\\x1b]0;owned\\x07 @ http://127.0.0.1:") and s.stats()["model"] == s.lm.name
+
+
+# --- seeded mutations of what real servers send ------------------------------------------------
+ODD = [float("nan"), float("inf"), -1, 0, 2.5, 10**400, 2**70, "7", "", "\x1b[2J", "\ud800", [], [[[]]], {}, {"a": 1},
+       None, True]
+SHAPES = [  # a delta with thinking (vLLM, ours), llama.cpp's last chunk, OpenAI's usage chunk
+    {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi", "reasoning_content": "hm"},
+                  "finish_reason": None}]},
+    {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+     "timings": {"cache_n": 3, "prompt_n": 4, "predicted_n": 2, "predicted_per_second": 10.5}},
+    {"choices": [], "tokens_cached": 2,
+     "usage": {"prompt_tokens": 7, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 3}}},
+]
+
+
+def mutated(v: object, rng) -> object:
+    """`v` with each value inside swapped for an odd one 15% of the time."""
+    if isinstance(v, dict):
+        return {k: rng.choice(ODD) if rng.random() < 0.15 else mutated(x, rng) for k, x in v.items()}
+    if isinstance(v, list):
+        return [rng.choice(ODD) if rng.random() < 0.15 else mutated(x, rng) for x in v]
+    return v
+
+
+def test_mutated_chunks_are_a_reply_or_one_error_line_never_an_exception():
+    """300 seeded streams; 2,000 passed in a one-off run, and an earlier 1,000 found one bug (a
+    401-digit speed: float() of it raised), now in BAD_CHUNKS."""
+    import json
+    import random
+
+    rng, body = random.Random(45), [b""]
+
+    def current(h):
+        head(h)
+        h.wfile.write(body[0])
+    with hostile(current) as url:
+        client = OpenAIClient(url, timeout=30)
+        for _ in range(300):
+            chunks = [mutated(rng.choice(SHAPES), rng) for _ in range(rng.randint(1, 4))]
+            body[0] = b"".join(b"data: " + json.dumps(c).encode("utf-8", "surrogatepass") + b"\n\n" for c in chunks)
+            s = RemoteSession(client, "hostile", Settings(temperature=0, max_new_tokens=50), context=4096)
+            events = list(s.send("hello"))
+            errors = [e.message for e in events if isinstance(e, Error)]
+            assert len(errors) <= 1 and not any("\n" in m or "\x1b" in m for m in errors), (body[0][:300], errors)

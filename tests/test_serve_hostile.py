@@ -254,3 +254,34 @@ def test_keys_come_from_repeated_flags_and_a_keys_file(tmp_path, monkeypatch):
     f.write_text("# nothing but a comment\n")
     with pytest.raises(UserError, match="holds no key"):
         keys("--api-key-file", str(f))
+
+
+ODD = [float("nan"), float("inf"), float("-inf"), -1, 0, 2.5, 10**400, "7", "", "\x1b[2J", "\ud800", [], [[[]]], {},
+       {"a": 1}, None, True, 1e-300, 3]
+FIELDS = ["messages", "temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens", "seed", "stop", "stream",
+          "stream_options", "n", "cache_salt", "tools", "logprobs", "response_format", "model", "user"]
+
+
+def test_mutated_request_bodies_get_a_reply_or_openais_error_never_a_500(logged, uvicorn_log):
+    """24 seeded bodies, one to three fields swapped for odd values; 800 passed in one-off runs."""
+    import random
+
+    server, lines = logged
+    rng = random.Random(45)
+    for _ in range(24):
+        body = {"messages": [user("hi")], "max_tokens": 3}
+        for name in rng.sample(FIELDS, rng.randint(1, 3)):
+            body[name] = rng.choice(ODD)
+            if name == "messages" and rng.random() < 0.5:
+                body[name] = [{"role": rng.choice(["user", "system", "tool", None, 5]), "content": rng.choice(ODD)}]
+        raw = json.dumps(body).encode("utf-8", "surrogatepass")
+        r = httpx.post(server.url + "/chat/completions", content=raw, headers={"content-type": "application/json"},
+                       timeout=120)
+        assert r.status_code in (200, 400), (raw[:300], r.text[:300])
+        if r.headers["content-type"].startswith("text/event-stream"):
+            assert r.text.rstrip().endswith("data: [DONE]")
+        else:
+            answer = r.json()
+            assert "choices" in answer or set(answer["error"]) == {"message", "type", "param", "code"}
+    assert [r.getMessage() for r in uvicorn_log if r.levelno >= logging.ERROR] == []
+    assert all("\n" not in ln and "\x1b" not in ln for ln in lines)

@@ -10,7 +10,6 @@ OpenAI's and vLLM's `usage.prompt_tokens_details.cached_tokens`, llama.cpp's `ti
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from model.escapes import escape_controls
 MAX_LINE = 1 << 20     # bytes in one SSE line (a chunk is a few hundred; httpx's iter_lines had no cap)
 MAX_BODY = 4 << 20     # a whole JSON answer (/v1/models) or a refusal's body
 MAX_COUNT = 1 << 40    # a token count past this is not a count
+MAX_RATE = 1e9         # tokens/s: no server decodes a billion a second
 MAX_ID = 256           # characters in a model id
 
 
@@ -146,8 +146,8 @@ def count(obj: dict, name: str, where: str) -> int | None:
 
 def rate(obj: dict, name: str, where: str) -> float | None:
     v = get(obj, name, int | float, where)
-    if v is not None and not (math.isfinite(v) and v >= 0):
-        raise RemoteError(f"the server sent a malformed reply: {where}{name} is {v}, not a speed")
+    if v is not None and not 0 <= v <= MAX_RATE:  # False for NaN and inf; no float() of a 400-digit int
+        raise RemoteError(f"the server sent a malformed reply: {where}{name} is {clip(v, 40)}, not a speed")
     return None if v is None else float(v)
 
 
