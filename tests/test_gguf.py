@@ -121,8 +121,8 @@ def test_unsupported_quant_type(tmp_path, home):
 
 @pytest.mark.parametrize("meta, error", [
     ({"attention.head_count": 0}, "llama.embedding_length 256 and llama.attention.head_count 0 do not make a model"),
-    ({"embedding_length": "wide"}, "llama.embedding_length 'wide' and llama.attention.head_count"),
-    ({"attention.layer_norm_rms_epsilon": "x"}, "llama.attention.layer_norm_rms_epsilon should be a number"),
+    ({"embedding_length": "wide"}, "'llama.embedding_length' should be a whole number, not 'wide'"),
+    ({"attention.layer_norm_rms_epsilon": "x"}, "'llama.attention.layer_norm_rms_epsilon' should be a number, not 'x'"),
     ({"rope.freq_base": 0.0}, "rope_theta must be a positive number, not 0.0"),
     ({"block_count": 0}, "num_hidden_layers must be a whole number >= 1, not 0"),
     ({"block_count": LAYERS + 1}, f"missing weights, e.g. model.layers.{LAYERS}."),

@@ -50,6 +50,8 @@ HOSTILE = {
     "tensor-2^40-floats": [ARCH],
     "tensor-past-the-end": [ARCH],
     "five-dims": [ARCH],
+    "alignment-type-then-end": None,   # issue 45: struct.error
+    "overlapping-tensors": [ARCH],     # issue 45: never checked; such files loaded and replied ""
 }
 
 
@@ -60,6 +62,10 @@ def hostile_bytes(name: str) -> bytes:
         return gguf([ARCH], [tensor("token_embd.weight", [1 << 20, 1 << 20])], b"\0" * 64)
     if name == "tensor-past-the-end":
         return gguf([ARCH], [tensor("token_embd.weight", [16, 4], offset=0)], b"\0" * 64)  # 256 bytes claimed
+    if name == "alignment-type-then-end":   # the file ends right after the key's type
+        return b"GGUF" + struct.pack("<IQQ", 3, 0, 2) + ARCH + s("general.alignment") + struct.pack("<I", 4)
+    if name == "overlapping-tensors":
+        return gguf([ARCH], [tensor("a", [32]), tensor("b", [32], offset=64)], b"\0" * 160)
     if name == "five-dims":
         return gguf([ARCH], [tensor("t", [1, 1, 1, 1, 1])], b"\0" * 64)
     return gguf(HOSTILE[name])
@@ -75,6 +81,23 @@ def test_hostile_gguf_headers_are_one_line_refusals_in_milliseconds(tmp_path, na
     assert time.perf_counter() - t0 < 1.0
     msg = str(e.value)
     assert msg.startswith(f"{path}: ") and "\n" not in msg and "truncated or corrupt" in msg, msg
+
+
+@pytest.mark.parametrize("field, words", [
+    (kv("general.architecture", 9, struct.pack("<IQ", 8, 1) + s("llama")),   # was TypeError: unhashable type
+     "'general.architecture' should be text, not list"),
+    (kv("general.alignment", 8, s("32")), "general.alignment has value type 8, not uint32"),
+    (kv("llama.context_length", 8, s("4096")), "'llama.context_length' should be a whole number, not '4096'"),
+    (kv("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 4, 2) + struct.pack("<II", 1, 2)),
+     "'tokenizer.ggml.tokens' should be a list of text, not list"),
+])
+def test_gguf_metadata_of_the_wrong_type_is_one_line_naming_the_key(tmp_path, field, words):
+    """Issue 45 finding 8: every field the loader reads is checked for its type before use."""
+    path = tmp_path / "typed.gguf"
+    path.write_bytes(gguf([field] if b"general.architecture" in field else [ARCH, field]))
+    with pytest.raises(ModelLoadError, match=words) as e:
+        load_model(str(path))
+    assert str(e.value).startswith(f"{path}: ") and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("key, value, words", [

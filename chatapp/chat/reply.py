@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 
 from chatapp.chat import whole
-from chatapp.chat.events import Event, Progress, Trimmed, TurnStats
+from chatapp.chat.events import Event, Info, Progress, Trimmed, TurnStats
 from chatapp.chat.exchange import Exchange
 from chatapp.chat.kinds import ReplyText, reply_text, thinking_text
 from chatapp.chat.memory import read_memory
@@ -20,6 +20,10 @@ from chatapp.chat.session_like import SessionLike
 from chatapp.chat.tools import ToolRunner
 from model.decode.sampling import SamplingConfig
 
+# A model whose first reply ends before its first token, on a new chat, is most often a damaged
+# file (NaN scales, tensors of the wrong type): 96 of issue 45's 1,068 mutations did just that.
+EMPTY_FIRST_REPLY = ("note: the model ended its reply before writing anything; if it does so every time, "
+                     "its file may be damaged (NaN scales, tensors of the wrong type)")
 PROGRESS_S = 0.25  # the decode's Progress at most 4 times a second: what the panel needs, no more
 
 
@@ -107,6 +111,8 @@ def write(s: SessionLike, trim_event: Trimmed | None = None) -> Iterator[Event]:
     st = stats(s, ex, prefill_tokens, cached_before, n, (t0, t_first or t_end, t_end), stop)
     st.reprefilled_tokens = trim_event.reprefilled_tokens if trim_event else 0
     s.turn_stats.append(st)
+    if n == 0 and stop == "end" and s.turns == 1:   # a new chat's first reply: said once, where it is rare
+        yield Info(EMPTY_FIRST_REPLY)
     yield st
 
 

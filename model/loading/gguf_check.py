@@ -119,10 +119,12 @@ def check_gguf(path: Path) -> None:
         alignment = 32
         for _ in range(keys):
             key = w.string("a metadata key", MAX_KEY)
-            kind = w.u32()
-            if key == "general.alignment" and kind == 4:
-                alignment = struct.unpack_from("<I", buf, w.at)[0]
-            w.value(kind, key)
+            kind, at = w.u32(), w.at
+            w.value(kind, key)   # its bytes are in the file before any is read back
+            if key == "general.alignment":
+                if kind != 4:
+                    raise w.fail(f"general.alignment has value type {kind}, not uint32")
+                alignment = struct.unpack_from("<I", buf, at)[0]
         if alignment < 1 or alignment & (alignment - 1) or alignment > 1 << 20:
             raise w.fail(f"general.alignment {alignment} is not a power of two")
         spans = []
@@ -150,3 +152,13 @@ def check_gguf(path: Path) -> None:
             if offset % alignment or data + offset + nbytes > size:
                 raise w.fail(f"tensor {name!r}'s bytes [{offset:,}, +{nbytes:,}) lie outside the file "
                              f"({size - data:,} bytes of tensor data)")
+        check_disjoint(w, spans)
+
+
+def check_disjoint(w: Walk, spans: list[tuple[str, int, int]]) -> None:
+    """No two tensors share bytes: one written over another is two weights read as one (issue
+    45: such files loaded and replied nothing)."""
+    ordered = sorted(spans, key=lambda s: s[1])
+    for (a, start_a, bytes_a), (b, start_b, _) in zip(ordered, ordered[1:], strict=False):
+        if start_b < start_a + bytes_a:
+            raise w.fail(f"tensors {a!r} and {b!r} share bytes (from offset {start_b:,})")

@@ -17,6 +17,66 @@ from model.loading.gguf_check import check_gguf
 from model.loading.gguf_vocab import chat_template, end_tokens, spm_tokenizer_files
 from model.tokenizers.bpe import make_tokenizer, tokenizer_json, vocab_from_gguf
 
+
+def is_int(v) -> bool:
+    return type(v) is int
+
+
+def is_number(v) -> bool:
+    return type(v) in (int, float)
+
+
+def is_text(v) -> bool:
+    return type(v) is str
+
+
+def is_flag(v) -> bool:
+    return type(v) in (bool, int)
+
+
+def list_of(item):
+    return lambda v: type(v) is list and all(map(item, v))
+
+
+def int_or_ints(v) -> bool:   # per-layer counts are arrays: refused later, in words (hf_config)
+    return is_int(v) or list_of(is_int)(v)
+
+
+INT, NUMBER, TEXT, FLAG = (is_int, "a whole number"), (is_number, "a number"), (is_text, "text"), (is_flag, "a flag")
+TOKEN_ID = INT
+# Every metadata key this module, the vocabulary readers and the families read, with the type
+# it must have: checked once, before any is used (issue 45: `general.architecture` as an array
+# was `TypeError: unhashable type: 'list'`). `{a}` is the architecture's prefix.
+META_TYPES = {
+    "general.architecture": TEXT, "general.alignment": INT, "general.name": TEXT, "general.basename": TEXT,
+    "general.finetune": TEXT, "general.type": TEXT, "general.tags": (list_of(is_text), "a list of text"),
+    "tokenizer.chat_template": TEXT, "tokenizer.ggml.model": TEXT, "tokenizer.ggml.pre": TEXT,
+    "tokenizer.ggml.tokens": (list_of(is_text), "a list of text"),
+    "tokenizer.ggml.token_type": (list_of(is_int), "a list of whole numbers"),
+    "tokenizer.ggml.merges": (list_of(is_text), "a list of text"),
+    "tokenizer.ggml.scores": (list_of(is_number), "a list of numbers"),
+    **{f"tokenizer.ggml.{name}_token_id": TOKEN_ID for name in ("bos", "eos", "eot", "eom", "unknown", "padding")},
+    **{f"tokenizer.ggml.{name}": FLAG for name in ("add_bos_token", "add_eos_token", "add_space_prefix")},
+    "{a}.context_length": INT, "{a}.embedding_length": INT, "{a}.block_count": INT,
+    "{a}.feed_forward_length": (int_or_ints, "a whole number"),
+    "{a}.attention.head_count": (int_or_ints, "a whole number"),
+    "{a}.attention.head_count_kv": (int_or_ints, "a whole number"),
+    "{a}.attention.key_length": INT, "{a}.attention.value_length": INT, "{a}.attention.sliding_window": INT,
+    "{a}.attention.layer_norm_rms_epsilon": NUMBER, "{a}.rope.freq_base": NUMBER, "{a}.rope.dimension_count": INT,
+    "{a}.rope.scaling.type": TEXT, "{a}.rope.scaling.factor": NUMBER, "{a}.final_logit_softcapping": NUMBER,
+}
+
+
+def check_meta_types(meta: dict, path: Path) -> None:
+    """One line naming the first key whose value has the wrong type (the architecture first)."""
+    arch = meta.get("general.architecture")
+    for pattern, (ok, kind) in META_TYPES.items():
+        key = pattern.format(a=arch) if is_text(arch) else pattern
+        if key in meta and not ok(meta[key]):
+            shown = type(meta[key]).__name__ if isinstance(meta[key], list | dict) else repr(meta[key])[:40]
+            raise ModelLoadError(f"{path}: GGUF metadata {key!r} should be {kind}, not {shown}")
+
+
 # The architectures we convert are the families with a GGUF layout (model/families/declare.py),
 # named as general.architecture names them. Their metadata keys share one layout under the
 # architecture's prefix (llama.cpp's convert_hf_to_gguf.py): what every family reads the same
@@ -67,6 +127,7 @@ def open_gguf(path: Path) -> GGUFFile:
     except (ValueError, IndexError, KeyError, OSError, UnicodeDecodeError, OverflowError, struct.error,
             RecursionError) as e:
         raise ModelLoadError(f"{path}: not a readable GGUF file, truncated or corrupt ({e})") from None
+    check_meta_types(meta, path)
     arch = meta.get("general.architecture")
     if arch not in (supported := gguf_families()):
         raise ModelLoadError(f"{path}: GGUF architecture {arch!r} is not supported (supported: "

@@ -117,6 +117,9 @@ def load_hf_dir(path: Path, opts: LoadOptions, weights: dict[str, torch.Tensor] 
     except (TypeError, KeyError, ValueError, AttributeError, IndexError) as e:  # valid JSON, wrong shape
         raise ModelLoadError(f"{path}: malformed tokenizer.json or tokenizer_config.json ({type(e).__name__}: "
                              f"{e})") from None
+    if tokenizer.vocab_size > cfg.vocab_size:   # a token past the embedding failed every turn (IndexError)
+        raise ModelLoadError(f"{path}: the vocabulary has {tokenizer.vocab_size:,} tokens but the embedding only "
+                             f"{cfg.vocab_size:,} rows")
     system = tokenizer_config.get("nanochat_tui_default_system", "")
     template_src = tokenizer_config.get("chat_template")
     if not isinstance(system, str) or not isinstance(template_src, str | None):
