@@ -147,7 +147,7 @@ def test_a_huge_line_is_cut_at_its_cap_in_bounded_memory():
 
 
 def test_a_server_trickling_bytes_is_stopped_by_the_timeout():
-    """A byte every 0.2 s never trips a 1 s per-read timeout; the deadline for the next piece
+    """A byte every 0.2 s never trips a 3 s per-read timeout; the deadline for the next piece
     of the reply does. The server gives up on its own after 20 s (the old client waited that long)."""
     gave_up = threading.Event()
 
@@ -162,9 +162,9 @@ def test_a_server_trickling_bytes_is_stopped_by_the_timeout():
             time.sleep(0.2)
         gave_up.set()
     with hostile(chat) as url:
-        s = session(url, timeout=1.0)
+        s = session(url, timeout=3.0)  # not less: a loaded machine must not stall past it before the first piece
         events = list(s.send("hello"))
-    assert "sent no whole piece of the reply within 1 s" in one_error(events)
+    assert "sent no whole piece of the reply within 3 s" in one_error(events)
     assert not gave_up.is_set() and s.exchanges[0].reply == "hi"
 
 
