@@ -5,7 +5,9 @@ ended: `ok` (it loaded, or the chat opened), `error` (the one-line error the app
 The parent enforces the time limit (a hang is an answer that never comes) and the memory bound;
 RLIMIT_AS stops a runaway allocation here before it takes the machine.
 
-    {"kind": "gguf" | "tokenizer" | "config" | "template" | "row", "path": ..., "cell": ...}
+    {"kind": "gguf" | "tokenizer" | "config" | "template" | "row" | "toml", "path": ..., "cell": ...}
+    {"kind": "request", "path": "/v1/chat/completions", "body": "..."}   a real `serve` on random:tiny
+    {"kind": "backend", "path": "models" | "chat", "body": "..."}        what a hostile server answers
 """
 
 from __future__ import annotations
@@ -48,17 +50,47 @@ def run(req: dict, ctx: dict) -> str:
 
             load_model(str(path))
         elif kind == "template":
-            from model.chat_formats.recognize import recognize
-
-            try:
-                recognize(ctx["lm"].tokenizer, path.read_text(encoding="utf-8"))
-            except (ValueError, KeyError) as e:  # what the loaders give as the model's one-line error
-                raise UserError(str(e)) from None
+            return chat_on_template(path.read_text(encoding="utf-8"), ctx)
         elif kind == "row":
             return open_row(path, req, ctx)
+        elif kind == "toml":
+            from chatapp.config import load_config
+
+            load_config(path)
+        elif kind == "request":
+            from tests.fuzz_serve import ask_server
+
+            return ask_server(req["path"], req["body"].encode("latin-1"), ctx)
+        elif kind == "backend":
+            from tests.fuzz_serve import ask_backend
+
+            return ask_backend(req["path"], req["body"].encode("latin-1"), ctx)
         return "ok"
     except (UserError, StoreError):
         return "error"
+
+
+def chat_on_template(source: str, ctx: dict) -> str:
+    """The template as the loaders take it (compiled, recognized or rendered whole), then two
+    real turns on it: a refusal at load or an Error event is the app's one line."""
+    import dataclasses
+
+    from chatapp.chat.events import Error
+    from chatapp.chat.session import Session
+    from chatapp.chat.settings import Settings
+    from model.chat_formats.recognize import template_for
+    from model.errors import UserError
+
+    try:
+        fmt = template_for(ctx["lm"].tokenizer, source)
+    except (ValueError, KeyError) as e:  # what the loaders give as the model's one-line error
+        raise UserError(str(e)) from None
+    session = Session(dataclasses.replace(ctx["lm"], template=fmt), Settings(temperature=0, max_new_tokens=2),
+                      context=256)
+    errors = [e.message for text in ("hi", "and again") for e in session.send(text) if isinstance(e, Error)]
+    if any("\n" in m or "internal error" in m for m in errors):
+        raise RuntimeError(f"a turn error that is not one clean line: {errors}")
+    return "error" if errors else "ok"
 
 
 def open_row(root: Path, req: dict, ctx: dict) -> str:

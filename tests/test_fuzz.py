@@ -1,15 +1,19 @@
 """Issue 27 item 6: hypothesis-driven mutations of a small valid GGUF, tokenizer.json, config.json,
 chat template and store row, each fed to the app's real code in a worker process
-(tests/fuzz_worker.py) under a time limit per input and a memory bound on the process. Every
-input must end in a one-line error or a working load/chat: never a traceback, a hang or
-unbounded memory. `--fuzz-examples N` sets the inputs per kind (the default keeps the whole
-file near 30 s); docs/notes.md records a long run.
+(tests/fuzz_worker.py) under a time limit per input and a memory bound on the process. Issue 45
+added config.toml, templates generated from the operators and filters that escaped the budget
+(compiled, then two real turns), request bodies posted to a real `serve` on random:tiny, and
+what a hostile server answers the `--backend` client (tests/fuzz_serve.py). Every input must end
+in a one-line error or a working load/chat: never a traceback, a hang or unbounded memory.
+`--fuzz-examples N` sets the inputs per kind (the default keeps the whole file near 30 s);
+docs/notes.md records the long runs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import shutil
 import sqlite3
@@ -26,12 +30,30 @@ ROOT = Path(__file__).resolve().parents[1]
 TIME_LIMIT_S = 5.0          # CPU seconds: the issue's target for any hostile input
 WALL_LIMIT_S = 60.0         # blocked without using the CPU (a read that never returns)
 MEMORY_BOUND_KB = 1 << 20   # 1 GiB over the worker's RSS once ready
-KINDS = ["gguf", "tokenizer", "config", "template", "row"]
+KINDS = ["gguf", "tokenizer", "config", "template", "row", "toml", "request", "backend"]
 HOSTILE_SNIPPETS = ["{{ 'ab' * 3000000000 }}", "{% for i in range(100000) %}{% for j in range(100000) %}"
                     "{% endfor %}{% endfor %}", "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}",
                     "{{ range(10**9) | list }}", "{% if true %}" * 400, "{{ (['x' * 100000] * 100000) | join }}",
                     "{{ lipsum(n=10**6) }}", "{{ ''.__class__ }}", "{% set ns = namespace(x='a') %}{% for i in "
-                    "range(64) %}{% set ns.x = ns.x ~ ns.x %}{% endfor %}", "{{ 'x' | indent(10**6) }}"]
+                    "range(64) %}{% set ns.x = ns.x ~ ns.x %}{% endfor %}", "{{ 'x' | indent(10**6) }}",
+                    # issue 45: folded at compile time, or an operator the budget did not see, or a raise
+                    '{{ "x"|center(1000000000) }}', "{{ 'x'|indent(3e8) }}", '{{ "%1500000000s" % "x" }}',
+                    "{{ 1//0 }}", '{{ "%c" % 1114112 }}', '{{ "%d" % "x" }}', "{{ format(1, 2) }}",
+                    '{{ "a".encode("nope") }}', "{{ slice(0) }}", "{{ 1|sum }}", "{{ 1|sort }}", "{{ 1|first }}",
+                    "{{ '{:>1000000000}'.format(1) }}", "{{ 'x'|wordwrap(1000000000) }}", "{% if false %}{% endif %}"]
+FILTERS = ["center", "indent", "wordwrap", "truncate", "format", "join", "replace", "int", "float", "round",
+           "list", "string", "tojson", "batch", "slice", "sum", "sort", "first", "unique", "reverse"]
+NUMBERS = st.sampled_from(["0", "-1", "1", "3e8", "10**9", "1500000000", "2**63", "1e999", "'x'", "none", "[1]"])
+LITERALS = st.one_of(NUMBERS, st.sampled_from(["'ab'", "'%s'", "'%1500000000s'", "'{:>9999999}'", "messages",
+                                               "messages[0]", "'x' * 1000", "range(10)", "''"]))
+EXPRESSION = st.one_of(
+    st.builds("{} {} {}".format, LITERALS, st.sampled_from(["%", "*", "+", "**", "//", "~", "in"]), LITERALS),
+    st.builds("{}|{}({})".format, LITERALS, st.sampled_from(FILTERS), NUMBERS),
+    st.builds("{}.{}({})".format, LITERALS, st.sampled_from(["format", "center", "ljust", "zfill", "expandtabs",
+                                                             "replace", "join", "encode", "split"]), LITERALS))
+GENERATED_TEMPLATE = st.lists(st.one_of(EXPRESSION.map("{{{{ {} }}}}".format), st.sampled_from(
+    ["{% for m in messages %}", "{% endfor %}", "{{ m['content'] }}", "<|im_start|>", "{{ m['role'] }}\n",
+     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"])), min_size=1, max_size=8).map("".join)
 
 
 class Worker:
@@ -154,9 +176,10 @@ def mutate_json(obj, picks: list[tuple[int, object]]):
     return obj
 
 
-def examples():
+def examples(ci: int = 30):
+    """`ci` inputs per kind in the suite (seeded: the same each run); `--fuzz-examples N` for a long run."""
     n = int(os.environ.get("NANOCHAT_FUZZ_EXAMPLES", "0")) or None
-    return settings(max_examples=n or 30, deadline=None, derandomize=n is None,
+    return settings(max_examples=n or ci, deadline=None, derandomize=n is None,
                     suppress_health_check=list(HealthCheck), database=None)
 
 
@@ -197,6 +220,90 @@ def test_fuzzed_chat_template(worker, seeds, tmp_path_factory, which, at, snippe
     path = tmp_path_factory.mktemp("j") / "t.jinja"
     path.write_text(src[:cut] + snippet + src[cut:], encoding="utf-8")
     check(worker, {"kind": "template", "path": str(path)}, f"template {which} + {snippet!r} at {cut}")
+
+
+@examples(ci=20)
+@given(source=GENERATED_TEMPLATE)
+def test_generated_chat_template(worker, tmp_path_factory, source):
+    """Templates made of the operators, filters and methods issue 45 found past the budget."""
+    path = tmp_path_factory.mktemp("jg") / "t.jinja"
+    path.write_text(source, encoding="utf-8")
+    check(worker, {"kind": "template", "path": str(path)}, f"template {source!r}")
+
+
+GOOD_TOML = ('model = "random:tiny"\ntheme = "nord"\nsystem = """Be brief."""\n[sampling]\ntemperature = 0.5\n'
+             "min_p = 0.05\nmax_new_tokens = 6\n[presets]\nbrief = 'One line.'\n")
+HOSTILE_TOML = ["a = " + "{b = " * 5000 + "1" + "}" * 5000, "a = " + "[" * 5000 + "]" * 5000,
+                "a" + ".a" * 20_000 + " = 1\n", "[" + "a." * 20_000 + "a]\n", "x = " + "9" * 5000 + "\n",
+                "[sampling]\ntemperature = nan\n", "[sampling]\ntop_k = inf\n", "[sampling]\nseed = -9e999\n",
+                "model = '\x1b[2J'\n", '"""' * 3, "'" * 3, "\\", "\x00",
+                "[presets]\n" + "\n".join(f"p{i} = '{'.' * 50}'" for i in range(2000))]
+
+
+@examples(ci=20)
+@given(at=st.floats(0, 1), piece=st.one_of(st.sampled_from(HOSTILE_TOML), st.text(max_size=40)), twice=st.booleans())
+def test_fuzzed_config_toml(worker, tmp_path_factory, at, piece, twice):
+    cut = int(len(GOOD_TOML) * at)
+    path = tmp_path_factory.mktemp("toml") / "config.toml"
+    path.write_text(GOOD_TOML[:cut] + piece * (2 if twice else 1) + GOOD_TOML[cut:], encoding="utf-8",
+                    errors="surrogatepass")
+    check(worker, {"kind": "toml", "path": str(path)}, f"config.toml + {piece[:200]!r} at {cut}")
+
+
+REQUESTS = [("/v1/chat/completions", {"model": "m", "messages": [{"role": "system", "content": "sys"},
+                                                                  {"role": "user", "content": "hi"}],
+                                      "max_tokens": 4, "temperature": 0.5, "top_p": 0.9, "seed": 1, "stream": True,
+                                      "stop": ["x"], "cache_salt": "s", "stream_options": {"include_usage": True}}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "n": 1,
+                                      "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1, "presence_penalty": 0}),
+            ("/v1/completions", {"model": "m", "prompt": "once upon", "max_tokens": 3, "stream": False,
+                                 "logprobs": None, "echo": False})]
+NUMBER_TEXT = st.sampled_from(["1e999", "-1e999", "NaN", "Infinity", "-Infinity", "9" * 500, "-0", "1e-999",
+                               "18446744073709551616", "0.5e309", "[]", "{}", '"3"', "null", "true"])
+
+
+@examples(ci=20)
+@given(which=st.integers(0, len(REQUESTS) - 1),
+       picks=st.lists(st.tuples(st.integers(0, 1 << 10), HOSTILE_JSON), max_size=3),
+       numbers=st.lists(st.tuples(st.integers(0, 1 << 10), NUMBER_TEXT), max_size=2),
+       edits=st.one_of(st.none(), EDITS))
+def test_fuzzed_request_body(worker, which, picks, numbers, edits):
+    """Bodies posted to a real `serve` (random:tiny): a 200, or a 4xx/503 in OpenAI's shape."""
+    path, base = REQUESTS[which]
+    text = json.dumps(mutate_json(json.loads(json.dumps(base)), picks))
+    for i, literal in numbers:  # a number's text swapped for one JSON's grammar allows but a float does not hold
+        spots = [m.span() for m in re.finditer(r"(?<=: )-?[0-9][0-9.eE+-]*", text)]
+        if spots:
+            a, b = spots[i % len(spots)]
+            text = text[:a] + literal + text[b:]
+    body = text.encode() if edits is None else mutate_bytes(text.encode(), edits)
+    check(worker, {"kind": "request", "path": path, "body": body.decode("latin-1")}, f"{path} {body[:300]!r}")
+
+
+CHUNK = {"id": "c", "object": "chat.completion.chunk", "model": "hostile",
+         "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi", "reasoning_content": "hm"},
+                      "finish_reason": None}],
+         "usage": {"prompt_tokens": 5, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 2}},
+         "timings": {"prompt_n": 5, "prompt_ms": 1.5, "predicted_per_second": 10.0}}
+LAST = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+MODELS = {"object": "list", "data": [{"id": "hostile", "object": "model", "max_model_len": 4096}]}
+
+
+def sse(chunks: list) -> bytes:
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
+@examples(ci=20)
+@given(models=st.booleans(), picks=st.lists(st.tuples(st.integers(0, 1 << 10), HOSTILE_JSON), max_size=3),
+       repeat=st.integers(1, 40), edits=st.one_of(st.none(), EDITS))
+def test_fuzzed_backend_answer(worker, models, picks, repeat, edits):
+    """What a hostile server answers the real --backend client and session: /v1/models, or the
+    chat's stream (its chunks mutated, repeated, its bytes edited)."""
+    body = (json.dumps(mutate_json(json.loads(json.dumps(MODELS)), picks)).encode() if models
+            else sse([mutate_json(json.loads(json.dumps(CHUNK)), picks)] * repeat + [LAST]))
+    body = body if edits is None else mutate_bytes(body, edits)
+    check(worker, {"kind": "backend", "path": "models" if models else "chat", "body": body.decode("latin-1")},
+          f"backend {'models' if models else 'chat'} {body[:300]!r}")
 
 
 CELLS = [("chats", "title"), ("chats", "settings"), ("chats", "system"), ("chats", "prefix_tokens"),
