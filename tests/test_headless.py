@@ -1,5 +1,6 @@
 """Headless mode through a real subprocess: the JSON-lines contract, bad input, context limits."""
 
+import io
 import json
 import os
 import subprocess
@@ -7,6 +8,9 @@ import sys
 
 import pytest
 from helpers import BASE, headless
+
+from chatapp.chat.events import Info
+from chatapp.headless import play
 
 
 def test_turns_commands_and_errors_keep_the_conversation():
@@ -235,3 +239,18 @@ def test_multiline_alone_is_headless_and_refuses_jsonl():
     p, _ = headless(b"hi\n", "--multiline", "--jsonl")
     assert p.returncode != 0 and "--multiline cannot be combined with --jsonl" in p.stderr.decode()
     assert len(p.stderr.decode().strip().splitlines()) == 1
+
+
+def test_an_exception_that_reaches_headless_mode_is_one_line_naming_where_and_input_goes_on():
+    """Issue 45 finding 4: the last resort. Whatever a keeper's events raise is one error line
+    naming module:function, and `play` returns to read the next input (it returns True only to quit)."""
+    def events():
+        yield Info("before")
+        raise ZeroDivisionError("integer division or modulo by zero")
+
+    out = io.StringIO()
+    assert play(events(), out) is False
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert lines == [{"event": "info", "text": "before", "data": {}},
+                     {"event": "error", "message": "internal error in tests.test_headless:events: "
+                                                   "ZeroDivisionError: integer division or modulo by zero"}]

@@ -1,5 +1,7 @@
 """The session: each turn prefills only its new tokens, and the cache invariant always holds."""
 
+import re
+
 import pytest
 from helpers import Poison, assert_invariant, assert_transcript, fail_mid_reply, run, turn_of
 
@@ -224,6 +226,7 @@ def test_a_model_failure_mid_reply_puts_the_chat_back(tiny):
     assert isinstance(events[-2], CacheState) and events[-2].event == "undone"
     assert isinstance(events[-1], Error) and events[-1].message.startswith("the model failed during this turn")
     assert "\n" not in events[-1].message
+    assert re.search(r"\(\w+ in (model|chatapp|kvcache)\.[\w.]+:\w+: ", events[-1].message)   # names where
     assert s.tokens == tokens and [(e.user, e.reply) for e in s.exchanges] == replies and len(s.turn_stats) == turns
     assert_invariant(s)
     assert_transcript(s)
