@@ -20,6 +20,7 @@ from chatapp.chat.events import Error, Event, Prefilling, Progress, Quit, Ready,
 from chatapp.keeper.base import Keeper
 from chatapp.keeper.final_save import final_save
 from model.errors import UserError, unexpected
+from model.escapes import json_controls
 
 END = "."  # --multiline: a line holding only this ends a message (as in SMTP and mail(1))
 
@@ -110,7 +111,7 @@ def parsed(parse: Callable[[str], Command | str], text: str) -> Command | str | 
 
 
 def emit(ev: Event, out: TextIO) -> None:
-    out.write(json.dumps(to_json(ev), ensure_ascii=False) + "\n")
+    out.write(json_controls(json.dumps(to_json(ev), ensure_ascii=False)) + "\n")
     out.flush()
 
 

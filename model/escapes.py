@@ -21,6 +21,7 @@ def _table(keep: str) -> dict[int, str]:
     return {c: _NAMED.get(chr(c), f"\\x{c:02x}") for c in _CONTROLS if chr(c) not in keep}
 
 
+_JSON = {c: f"\\u{c:04x}" for c in (0x7F, *range(0x80, 0xA0))}  # json.dumps escapes C0 itself
 _ONE_LINE = _table("")
 _LINES = _table("\n\t")
 
@@ -29,6 +30,13 @@ def escape_controls(text: str, lines: bool = False) -> str:
     """`text` with every control character spelled out. The result is one line (an error, a log
     line) unless `lines`, which keeps newlines and tabs (an exported file, a multi-line message)."""
     return text.translate(_LINES if lines else _ONE_LINE)
+
+
+def json_controls(line: str) -> str:
+    """A line json.dumps wrote with ensure_ascii off, with DEL and C1 written as JSON escapes too
+    (it leaves them raw, and 0x9b is a CSI to a terminal reading headless mode's output): the
+    same JSON value, nothing in it that acts on a terminal."""
+    return line.translate(_JSON)
 
 
 def to_stderr(msg: object) -> None:

@@ -3,9 +3,13 @@ line or an exported file with its control characters spelled out (model/escapes.
 
 from __future__ import annotations
 
+import io
+import json
 import struct
 
+from chatapp.chat.events import Error
 from chatapp.cli import main
+from chatapp.headless import emit
 from chatapp.store.export import ExportedChat, export, is_export
 from model.escapes import escape_controls
 
@@ -55,3 +59,12 @@ def test_an_export_spells_out_a_replys_escapes_and_keeps_its_text(tmp_path):
     assert "line one\\x1b]52;c;cm0gLXJmIH4=\\x07\n\tindented\nlast \\x9b2J" in text
     assert "# title \\x1b[31m" in text and "hi\nthere" in text
     assert is_export(tmp_path / "c.md")  # a later /export may still overwrite it
+
+
+def test_headless_json_lines_escape_del_and_c1_and_keep_the_value():
+    """json.dumps escapes C0 (ESC included) but left DEL and C1 raw: 0x9b is a CSI to a terminal."""
+    out = io.StringIO()
+    emit(Error(HOSTILE), out)
+    line = out.getvalue()
+    assert line.endswith("\n") and line[:-1].isprintable() and "\\u009b" in line and "\\u001b" in line
+    assert json.loads(line)["message"] == HOSTILE
