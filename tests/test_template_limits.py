@@ -71,6 +71,7 @@ COMPILE_TIME = {
     "format-filter": ('{{ "%1500000000s"|format("x") }}', "format filter would make"),
     "str-format": ('{{ "{:>1000000000}".format("x") }}', "str.format would make"),
     "join-separator": ("{{ ([''] * 1000000)|join('y' * 100) }}", "join filter would make"),
+    "join-generator": ("{{ (['x' * 1000000] * 100)|map('trim')|join }}", "join filter would make"),
     "wordwrap": ('{{ ("x " * 1000000)|wordwrap(1, wrapstring="y" * 100) }}', "wordwrap filter would make"),
     "expandtabs": ('{{ ("\t" * 1000000).expandtabs(1000) }}', "str.expandtabs would make"),
     "str-join": ('{{ ",".join(["x" * 1000000] * 100) }}', "str.join would make"),

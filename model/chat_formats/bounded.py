@@ -238,6 +238,8 @@ def bounded_filter(name: str, f):
         b = budget()
         if b is not None:
             b.step()
+            if name == "join":   # a generator (map, select) is joined whole anyway: listed first, so it is sized
+                args = tuple(list(a) if isinstance(a, Iterator) else a for a in args)
             b.ints(args[1:] if args else (), f"the {name} filter")
             b.ints(kwargs.values(), f"the {name} filter")
             if name in WIDTH_FILTERS:
