@@ -18,6 +18,7 @@ Imports no torch: the CLI and the TUI's first frame read it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -39,6 +40,8 @@ MAX_TOML_PARTS = 1_000        # dots and brackets outside strings: a real config
 MAX_TOML_DEPTH = 32           # nested [ and {: a real config has none deeper than 2
 STRUCTURE = re.compile(r"[#\"'.\[\]{}]")
 
+THEME_LINE = re.compile(r"^theme\s*=.*$", re.M)
+TABLE_LINE = re.compile(r"^\s*\[", re.M)
 TOP_KEYS = {"model": str, "theme": str, "system": str, "snapshot_budget_mib": int, "sampling": dict, "presets": dict}
 MAX_BUDGET_MIB = 1 << 30  # a pebibyte: any larger number is a typo
 
@@ -170,3 +173,16 @@ def parse_config(data: dict, path: Path) -> Config:
 def check_mib(value: object, where: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BUDGET_MIB:
         raise FlagError(f"{where} must be a whole number of MiB from 0 to {MAX_BUDGET_MIB:,}, got {value!r}")
+
+
+def with_theme(text: str, name: str) -> str:
+    """The config file's `text` with its top-level `theme` set to `name` (the TUI keeps a /theme
+    choice so): that one line replaced, or added before the first table; comments and the rest kept."""
+    line = f"theme = {json.dumps(name)}"  # a TOML basic string: JSON's escapes are TOML's
+    table = TABLE_LINE.search(text)
+    top, tables = (text[:table.start()], text[table.start():]) if table else (text, "")
+    if THEME_LINE.search(top):
+        top = THEME_LINE.sub(lambda _: line, top, count=1)
+    else:
+        top = f"{top}{'' if not top or top.endswith(chr(10)) else chr(10)}{line}\n"
+    return top + tables

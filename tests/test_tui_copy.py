@@ -29,6 +29,12 @@ async def enter(pilot, line: str) -> None:
     await until(pilot, lambda: app.inputs_done > done and not app.busy, what=f"{line!r} to finish")
 
 
+@pytest.fixture(autouse=True)
+def _no_tmux(monkeypatch):
+    """Outside tmux: OSC 52 alone (tests/test_daily_use.py copies inside tmux)."""
+    monkeypatch.delenv("TMUX", raising=False)
+
+
 def toasts(app) -> list[str]:
     return [n.message for n in app._notifications]
 
@@ -46,12 +52,13 @@ async def test_ctrl_y_and_copy_n_put_a_reply_on_the_clipboard():
         await pilot.press("ctrl+y")
         await until(pilot, lambda: app.inputs_done > done, what="Ctrl+Y's /copy")
         assert app.clipboard == last and app.input.text == ""
-        assert toasts(app)[-1] == f"Copied reply 2 of 2 ({len(last):,} characters)"
+        assert toasts(app)[-1] == (f"Sent reply 2 of 2 ({len(last):,} characters) to the terminal's clipboard "
+                                   "(OSC 52: the terminal does not confirm it)")
 
         await submit(pilot, "/copy 1")
         assert app.clipboard == first
         await submit(pilot, "/copy -2")
-        assert app.clipboard == first and toasts(app)[-1].startswith("Copied reply 1 of 2")
+        assert app.clipboard == first and toasts(app)[-1].startswith("Sent reply 1 of 2")
         await submit(pilot, "/copy 3")
         assert notices(app, "error")[-1] == "/copy: there are 2 replies; N is 1 to 2, or -1 to -2 counting back"
         assert app.clipboard == first
@@ -74,7 +81,7 @@ async def test_the_code_cursor_selects_and_copies_code_blocks():
         await pilot.press("left_square_bracket", "left_square_bracket")  # stops at the first
         assert t.selected is first and not second.has_class("-code-selected")
         await pilot.press("c")
-        assert app.clipboard == "print(1)" and toasts(app)[-1] == "Copied code block 1 of 2 (8 characters)"
+        assert app.clipboard == "print(1)" and toasts(app)[-1].startswith("Sent code block 1 of 2 (8 characters) to")
         await pilot.press("right_square_bracket", "c")
         assert app.clipboard == "x = `2`"
 

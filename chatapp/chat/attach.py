@@ -38,6 +38,25 @@ class Attachment:
         return f"{fence}{self.name}\n{self.text.rstrip(chr(10))}\n{fence}"
 
 
+# a block as Attachment.block writes it, then wrap's blank line: its fence outgrows any backtick
+# run in the text, so the first line that is the fence alone closes it
+BLOCK = re.compile(r"(`{3,})([^`\n]*)\n(?:.*?\n)??\1(?:\n\n|$)", re.S)
+TITLE_CHARS = 48
+
+
+def chat_title(message: str | None) -> str:
+    """A chat's title from its first message: the user's own words, not the files `wrap` put before
+    them (a title read "```notes.py def main(): ..."); the files' names when there are no words."""
+    if message is None:
+        return "new chat"
+    names = []
+    while m := BLOCK.match(message):
+        names.append(m[2])
+        message = message[m.end():]
+    words = " ".join(message.split()) or ", ".join(names) or "new chat"
+    return words if len(words) <= TITLE_CHARS else words[:TITLE_CHARS - 1] + "…"
+
+
 @dataclass(frozen=True)
 class Budget:
     """What the session allows one message: `count(text)` its tokens, at most `room` of them."""

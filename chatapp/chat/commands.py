@@ -62,12 +62,12 @@ TABLE = [
     CommandSpec("/quit", "leave", handler="quit", screen="quit"),
     CommandSpec("/edit", "rewind to message N and send TEXT in its place; the old continuation stays stored "
                 "as a branch", "N TEXT", handler="edit", store=True, key="Ctrl+E"),
-    CommandSpec("/copy", "copy a reply's text to the clipboard (default: the last; N: the Nth reply of the chat, "
-                "-N: N back)", "[N]", handler="copy_reply"),
+    CommandSpec("/copy", "copy a reply's text to the clipboard, or tmux's buffer (default: the last; N: the Nth "
+                "reply of the chat, -N: N back)", "[N]", handler="copy_reply"),
     CommandSpec("/file", "attach a text file to the next message (alone: list them; /file --clear drops them)",
                 "[PATH]", handler="attach_file"),
-    CommandSpec("/theme", "change the TUI's colours (no NAME: the theme picker); theme = NAME in the config "
-                "file keeps one", "[NAME]", handler="theme", store=True, screen="themes", tui=True),
+    CommandSpec("/theme", "change the TUI's colours (no NAME: the theme picker); the choice is kept in the "
+                "config file", "[NAME]", handler="theme", store=True, screen="themes", tui=True),
     CommandSpec("/model", "switch to another model, keeping the chat (no SPEC: list the models)", "[SPEC]",
                 handler="switch_model", store=True, screen="models"),
 ]

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 from safetensors import SafetensorError
 
+from chatapp.chat.attach import chat_title
 from chatapp.chat.events import CacheState, Error, Event, Info, Restored, Trimmed, TurnStats
 from chatapp.chat.memory import release_freed
 from chatapp.chat.session import Session
@@ -43,8 +44,7 @@ def reports_change(ev: Event) -> bool:
 
 
 def default_title(session: Session) -> str:
-    first = " ".join(session.exchanges[0].user.split()) if session.exchanges else "new chat"
-    return first if len(first) <= 48 else first[:47] + "…"
+    return chat_title(session.exchanges[0].user if session.exchanges else None)
 
 
 class SavingKeeper(Keeper):

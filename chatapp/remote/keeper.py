@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
+from chatapp.chat.attach import chat_title
 from chatapp.chat.commands import parse_chat_id
 from chatapp.chat.events import CacheState, Error, Event, Info, Restored, Saved, TurnStats
 from chatapp.chat.figures import counted
@@ -64,8 +65,7 @@ class RemoteKeeper(Keeper):
         s = self.session
         msgs = [m for ex in s.exchanges for m in (StoredMessage("user", ex.user, []),
                                                   StoredMessage("assistant", ex.reply, []))]
-        first = " ".join(s.exchanges[0].user.split()) if s.exchanges else "new chat"
-        self.title = self.title or (first if len(first) <= 48 else first[:47] + "…")
+        self.title = self.title or chat_title(s.exchanges[0].user if s.exchanges else None)
         return ChatRecord(self.title, s.lm.name, FINGERPRINT, FINGERPRINT, dataclasses.asdict(s.settings), s.system,
                         [], 0, msgs, self.chat_id, self.created)
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from functools import partial
 
 from textual.app import SystemCommand
+from textual.theme import Theme
 
 from chatapp.chat.commands import TABLE, Command, CommandSpec
 from chatapp.tui.chats_screen import ChatAction, ChatsScreen
@@ -16,6 +17,7 @@ from chatapp.tui.editing import Editing
 from chatapp.tui.face import Face
 from chatapp.tui.input import ChatInput
 from chatapp.tui.screens import HelpScreen
+from chatapp.tui.theme_keeper import keep_theme
 from chatapp.tui.turns import Turns
 
 
@@ -45,12 +47,20 @@ class Actions:
         app = self.app
         if not name:
             app.action_change_theme()
+        elif name == app.theme:  # no change, so no signal: keep it all the same
+            app.notify(keep_theme(name)[0])
         elif name in app.available_themes:
-            app.theme = name
-            app.notify(f"Theme {name}. Put theme = \"{name}\" in the config file to keep it.")
+            app.theme = name  # theme_chosen keeps it
         else:
             app.notify(f"/theme: no theme {name!r}; themes: {', '.join(sorted(app.available_themes))}",
                        severity="error")
+
+    def theme_chosen(self, theme: Theme) -> None:
+        """Every change of theme (/theme NAME, the picker) is written to the config file; the
+        file's own theme, applied at start, has nothing to write and says nothing."""
+        line, kept = keep_theme(theme.name)
+        if kept is not None:
+            self.app.notify(line, severity="information" if kept else "warning")
 
     def chats(self) -> None:
         """The stored chats: open one (its cache comes back from its snapshot), or start a new one."""

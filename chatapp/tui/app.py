@@ -87,7 +87,8 @@ class ChatApp(App[None]):
         self.view.prefill_watch = PrefillWatch(self.transcript)
         self.input.cursor_blink = not self.stable  # a blinking cursor would make snapshots flaky
         self.input.focus()
-        await self.loading.start()
+        await self.loading.start()  # the config file's theme, then every change is kept in it
+        self.theme_changed_signal.subscribe(self, self.actions.theme_chosen)
 
     # --- what the parts use (tui/face.py) ----------------------------------------------
     @property

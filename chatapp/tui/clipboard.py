@@ -1,8 +1,12 @@
 """Copying out of the transcript: a reply (Ctrl+Y, /copy) and a code block (the code cursor).
 
 The text goes to the terminal's clipboard through OSC 52 (`App.copy_to_clipboard`), so it
-works over SSH and inside tmux (with `set-clipboard on`); the terminal's own mouse selection
-would pick up the borders and the side panel too.
+works over SSH; the terminal's own mouse selection would pick up the borders and the side panel
+too. No terminal answers OSC 52, so the notice says the text was sent, not that it arrived.
+Inside tmux, OSC 52 reaches a buffer only with `set-clipboard on` (stock tmux says `external`
+and drops it): otherwise the text goes into tmux's paste buffer with `tmux load-buffer -w`
+(which also hands it to the terminal where tmux may), and when tmux refuses, into a file.
+The notice names which one took it: "Copied" only when one did (issue 44).
 
 The code cursor lives on the transcript: with the transcript focused (Tab), `[` and `]` move
 between the code blocks of the replies, the selected one drawn with a bar, and `c` copies it
@@ -11,20 +15,65 @@ between the code blocks of the replies, the selected one drawn with a bar, and `
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 from textual import events
 from textual.app import App
 from textual.binding import Binding
 from textual.widgets.markdown import MarkdownFence
 
+from chatapp.store.database import data_home
+from chatapp.store.tempfiles import write_atomic
 from chatapp.tui.transcript import Reply, Transcript
 
 SELECTED = "-code-selected"
 
 
+COPIED_FILE = "copied.txt"  # in the data folder: where a copy goes when no clipboard takes it
+
+
 def copy_text(app: App, text: str, what: str) -> None:
-    """Copy through OSC 52 and say so in a short notice."""
+    """Copy through OSC 52 (and tmux's buffer, or a file, where OSC 52 cannot land) and say which."""
     app.copy_to_clipboard(text)
-    app.notify(f"Copied {what} ({len(text):,} characters)", timeout=3)
+    what = f"{what} ({len(text):,} characters)"
+    line, kept = (in_tmux(text, what) if os.environ.get("TMUX") else
+                  (f"Sent {what} to the terminal's clipboard (OSC 52: the terminal does not confirm it)", True))
+    app.notify(line, severity="information" if kept else "warning", timeout=5)
+
+
+def tmux(*args: str, text: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["tmux", *args], input=text, capture_output=True, text=True, timeout=5)
+
+
+def in_tmux(text: str, what: str) -> tuple[str, bool]:
+    """Inside tmux: its buffer takes the text, through OSC 52 with set-clipboard on, else by
+    load-buffer; a file when tmux refuses both."""
+    try:
+        mode = tmux("show", "-gv", "set-clipboard").stdout.strip()
+        if mode == "on":
+            return f"Copied {what} to tmux's paste buffer (set-clipboard on sends it to the terminal too)", True
+        done = tmux("load-buffer", "-w", "-", text=text)
+        if done.returncode and "-w" in done.stderr:  # tmux before 3.2: no -w
+            done = tmux("load-buffer", "-", text=text)
+        if done.returncode == 0:
+            onward = ("tmux passes it to the terminal, which does not confirm it" if mode == "external" else
+                      f"not to the terminal's clipboard: tmux's set-clipboard is {mode or 'unknown'}")
+            return f"Copied {what} to tmux's paste buffer (Prefix ] pastes it); {onward}", True
+        why = done.stderr.strip() or f"tmux load-buffer exited {done.returncode}"
+    except (OSError, subprocess.SubprocessError) as e:
+        why = f"tmux could not be run ({e})"
+    return to_file(text, what, why)
+
+
+def to_file(text: str, what: str, why: str) -> tuple[str, bool]:
+    path = data_home() / COPIED_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, text.encode("utf-8"))
+    except OSError as e:
+        return f"Not copied: {why}; nor could {path} be written ({e.strerror or e})", False
+    return f"Not copied to a clipboard ({why}): {what} is in {path}", False
 
 
 class CodeTranscript(Transcript):
