@@ -5,6 +5,7 @@ cache are as they were before the turn, so the turn after it reuses the whole ca
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ from chatapp.chat.events import Error, TurnStats
 from chatapp.chat.session import Session
 from chatapp.chat.settings import Settings
 from chatapp.tui.transcript import UserMessage
+from model.chat_formats.recognize import template_for
 from model.loading import load_model
 
 BOOM = ("{% for m in messages %}{% if 'boom' in m['content'] %}{{ 1 // 0 }}{% endif %}"
@@ -84,3 +86,19 @@ async def test_the_tui_reports_a_template_failure_in_one_line_and_keeps_the_chat
         app.input.clear()
         await submit(pilot, "and then?", timeout=120)
         assert s.turns == 2 and s.turn_stats[-1].cached_before >= before[2]
+
+
+# The private-use characters whole.py marks reply places with, written by a template or typed in
+# a message, were read as a reply number: IndexError at load, or on the turn that held them.
+MARKS = ("\ue000" + "99" + "\ue001{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}<|im_end|>{% endfor %}"
+         "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def test_reply_placeholders_written_by_a_template_or_typed_are_text(tiny):
+    s = Session(dataclasses.replace(tiny, template=template_for(tiny.tokenizer, MARKS)),
+                Settings(temperature=0.0, max_new_tokens=4))
+    assert s.template.whole
+    for message in ("hello", "typed \ue0000\ue001 and \ue00077\ue001", "and then?"):
+        events = list(s.send(message))
+        assert not [e for e in events if isinstance(e, Error)] and [e for e in events if isinstance(e, TurnStats)]
+    assert "\ue00077\ue001" in s.tokenizer.decode(s.tokens)

@@ -25,8 +25,14 @@ from model.chat_formats.jinja_env import render
 from model.chat_formats.templates import ChatTemplate, strftime_now
 from model.errors import UserError
 
-HOLE = "\ue000{}\ue001"   # private-use characters: never in a template, never in the chat's text
-HOLES = re.compile("\ue000(\\d+)\ue001")
+HOLE = "\ue000{}\ue001"   # private-use characters: rare in a template or a chat, and checked where met
+
+
+def holes_of(indices: list[int]) -> re.Pattern:
+    """The placeholders of these replies only: the same characters written by a template or typed
+    in a message are text (issue 45: a template writing one for reply 99 was an IndexError)."""
+    return re.compile("\ue000(" + "|".join(map(str, indices)) + ")\ue001" if indices else "(?!)")
+
 
 Pair = tuple[str, str, list[int] | None]   # (user text, reply text, the reply's ids when the model wrote it)
 
@@ -90,7 +96,7 @@ class TemplateFormat(ChatTemplate):
             text = self._with_holes(system, plain, user, spliced, real) if spliced else real
         tokens: list[int] = []
         replies = [(-1, -1)] * len(pairs)
-        parts = HOLES.split(text)
+        parts = holes_of(spliced).split(text)
         for k, part in enumerate(parts):
             if k % 2:
                 i = int(part)
@@ -109,7 +115,7 @@ class TemplateFormat(ChatTemplate):
         text = self._text(system, marked, user)
         if any(text.count(HOLE.format(i)) != 1 for i in holes):
             return None
-        back = HOLES.sub(lambda m: plain[int(m.group(1))][1], text)
+        back = holes_of(holes).sub(lambda m: plain[int(m.group(1))][1], text)
         return text if back == real else None
 
     # --- the piece-by-piece interface, for the budgets and checks that use it ----------------
