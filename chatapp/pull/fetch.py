@@ -26,6 +26,7 @@ from pathlib import Path
 
 from chatapp.pull.progress import ProgressFn, PullProgress, StderrBar, Throttled
 from model.errors import UserError
+from model.files import MAX_MODEL_BYTES, open_regular, read_bytes
 from model.loading.gguf import CONVERTER_VERSION, convert_gguf, missing_dirs, remove_empty, staging_dir
 from model.paths import cache_root
 
@@ -117,8 +118,8 @@ def is_installed(path: Path) -> bool:
     if not all((path / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json")):
         return False
     try:
-        source = json.loads((path / "nanochat-source.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        source = json.loads(read_bytes(path / "nanochat-source.json", "pull record", 1 << 20).decode("utf-8"))
+    except (OSError, ValueError, RecursionError, UserError):
         return True   # installed by hand (pull --from a folder's files): take it as it is
     return not isinstance(source, dict) or source.get("converter_version", CONVERTER_VERSION) == CONVERTER_VERSION
 
@@ -190,8 +191,9 @@ def _pip_error(log: Path) -> str:
 
 
 def sha256_of(path: Path, stage: str, report: ProgressFn) -> str:
-    h, done, total = hashlib.sha256(), 0, path.stat().st_size
-    with open(path, "rb") as f:
+    h, done = hashlib.sha256(), 0
+    with open_regular(path, "model file", MAX_MODEL_BYTES) as f:  # a FIFO given to --from: refused, not read
+        total = os.fstat(f.fileno()).st_size
         while chunk := f.read(CHUNK):
             h.update(chunk)
             done += len(chunk)
