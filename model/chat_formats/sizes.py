@@ -8,9 +8,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+WALK = 1 << 20   # items one call sizes one by one (mixed or nested containers); more is refused as too large
 
-def text_size(x, limit: int) -> int:
-    """About how many characters str(x) has, counted without making it; stops once past `limit`."""
+
+def text_size(x, limit: int, walked: list[int] | None = None) -> int:
+    """About how many characters str(x) has (never fewer), counted without making it; stops once
+    past `limit`. Lists of strings or of ints are counted at C speed; others item by item, each
+    distinct item once, at most WALK items in all."""
+    walked = [0] if walked is None else walked
     if isinstance(x, str):
         return len(x)
     if isinstance(x, bool) or x is None:
@@ -23,14 +28,27 @@ def text_size(x, limit: int) -> int:
         return 4 * len(x) + 3
     if isinstance(x, Mapping):
         x = [v for kv in x.items() for v in kv]
-    if isinstance(x, list | tuple | set | frozenset):
-        total = 2
-        for item in x:
-            total += text_size(item, limit) + 2
-            if total > limit:
-                break
-        return total
-    return 64   # Undefined, a loop or a namespace object: short reprs
+    if not isinstance(x, list | tuple | set | frozenset):
+        return 64   # Undefined, a loop or a namespace object: short reprs
+    n = len(x)
+    if 3 * n > limit:   # every item prints as a character and a separator at least
+        return 3 * n
+    kinds = set(map(type, x))
+    if kinds <= {str}:   # quotes and ", " each
+        return 2 + sum(map(len, x)) + 4 * n
+    if kinds <= {int}:   # a sign, the digits and ", " each
+        return 2 + sum(map(int.bit_length, x)) // 3 + 4 * n
+    total, seen = 2, {}
+    for item in x:
+        walked[0] += 1
+        if walked[0] > WALK:
+            return limit + 1
+        if id(item) not in seen:
+            seen[id(item)] = text_size(item, limit, walked)
+        total += seen[id(item)] + 2
+        if total > limit:
+            break
+    return total
 
 
 PRINTF_FIELD = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d*)(?:\.(\*|\d*))?[hlL]?[a-zA-Z%]")
