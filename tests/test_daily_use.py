@@ -110,3 +110,56 @@ async def test_copy_where_tmux_refuses_goes_to_a_file_and_never_says_copied(tmp_
         assert line.startswith("Not copied to a clipboard (") and line.endswith(
             f"reply 1 of 1 ({len(reply):,} characters) is in {saved}")
         assert "Copied" not in line and saved.read_text() == reply
+
+
+async def test_tab_completes_a_command_name_from_the_table():
+    """Slash commands had no completion (issue 44)."""
+    app = make_app("--no-store", "--temperature", "0")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press(*"/se", "tab")
+        assert app.input.text == "/set " and app.focused is app.input  # one match: the name and a space
+        await pilot.press(*"temperature 0.7", "enter")  # NAME VALUE, as typed (it said "got ''")
+        await until(pilot, lambda: app.session.settings.temperature == 0.7, what="/set temperature 0.7")
+        await pilot.press(*"/s", "tab")
+        assert app.input.text == "/s" and toasts(app)[-1] == "/system  /set  /stats  /save"
+        await pilot.press(*"ta", "tab")
+        assert app.input.text == "/stats"  # no argument: no space
+        app.input.load_text("/nope")
+        await pilot.press("tab")
+        assert app.focused is app.input and toasts(app)[-1] == "No command starts with /nope; /help lists them"
+        app.input.load_text("hello")
+        await pilot.press("tab")  # not a command: Tab moves on to the transcript, as before
+        assert app.focused is app.transcript
+
+
+MALFORMED = "Here:\n\ndef area(r):\n    # the formula\n    return 3.14 * r * r\n"  # unfenced, as small models write
+
+
+async def test_raw_shows_a_reply_as_the_model_wrote_it():
+    """Unfenced code lost its indentation and a comment became a heading; no raw view existed."""
+    from chatapp.chat.kinds import Part
+    from chatapp.tui.raw_view import RawScreen
+
+    app = make_app("--no-store")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        t = app.transcript
+        await t.add_exchange("area?", [Part("answer", MALFORMED)], [])
+        await t.add_exchange("code?", [Part("answer", "```python\nprint(1)\n```\n")], [])
+        await pilot.pause()
+        app.input.load_text("/raw 1")  # the app serves it: no turn to wait for
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, RawScreen), what="the raw view")
+        assert app.screen.query_one("#raw").text == MALFORMED
+        assert app.screen.query_one("Vertical").border_title == "reply 1 of 2, raw text"
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, RawScreen), what="Esc to close it")
+        app.input.load_text("/raw 3")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert toasts(app)[-1] == "/raw: there are 2 replies; N is 1 to 2, or -1 to -2 counting back"
+        t.focus()
+        await pilot.press("r")  # on the transcript, nothing selected: the last reply
+        await until(pilot, lambda: isinstance(app.screen, RawScreen), what="r's raw view")
+        assert app.screen.query_one("#raw").text == "```python\nprint(1)\n```\n"

@@ -64,6 +64,8 @@ TABLE = [
                 "as a branch", "N TEXT", handler="edit", store=True, key="Ctrl+E"),
     CommandSpec("/copy", "copy a reply's text to the clipboard, or tmux's buffer (default: the last; N: the Nth "
                 "reply of the chat, -N: N back)", "[N]", handler="copy_reply"),
+    CommandSpec("/raw", "show a reply's raw text, without Markdown (default: the last; N and -N as for /copy; "
+                "r in the transcript too)", "[N]", handler="raw", store=True, screen="raw", tui=True),
     CommandSpec("/file", "attach a text file to the next message (alone: list them; /file --clear drops them)",
                 "[PATH]", handler="attach_file"),
     CommandSpec("/theme", "change the TUI's colours (no NAME: the theme picker); the choice is kept in the "
@@ -147,6 +149,15 @@ def parse_input(text: str) -> Command | str:
     one line every face shows)."""
     kind, body = split_input(text)
     return parse_command(body) if kind == "command" else body
+
+
+def completions(text: str) -> list[str]:
+    """What Tab may complete a typed `/comm` to: the table's names that start with it, each with
+    a space when it takes an argument (the argument comes next). None for a message or a line
+    that already has its command name (a space typed)."""
+    if not text.startswith("/") or text.startswith("//") or any(c.isspace() for c in text):
+        return []
+    return [c.name + (" " if c.arg else "") for c in TABLE if c.name.startswith(text.lower())]
 
 
 def help_rows(tui: bool = False) -> list[tuple[str, str]]:

@@ -205,6 +205,11 @@ class ChatKeeper(SavingKeeper):
         raise UserError("/theme: themes belong to the TUI; headless mode draws nothing")
         yield  # a generator, like every handler
 
+    def raw(self, _arg: str) -> Iterator[Event]:
+        """The TUI serves /raw itself; headless mode's turn events already carry the raw reply."""
+        raise UserError("/raw: the raw view is the TUI's; headless mode's turn events carry each reply as written")
+        yield  # a generator, like every handler
+
     def switch_model(self, spec: str) -> Iterator[Event]:
         """`/model SPEC`: the same chat on another model (chatapp/keeper/switch.py); alone, the list."""
         if not spec:

@@ -16,9 +16,11 @@ from chatapp.tui.chats_screen import ChatAction, ChatsScreen
 from chatapp.tui.editing import Editing
 from chatapp.tui.face import Face
 from chatapp.tui.input import ChatInput
+from chatapp.tui.raw_view import raw_screen
 from chatapp.tui.screens import HelpScreen
 from chatapp.tui.theme_keeper import keep_theme
 from chatapp.tui.turns import Turns
+from model.errors import UserError
 
 
 class Actions:
@@ -48,7 +50,7 @@ class Actions:
         if not name:
             app.action_change_theme()
         elif name == app.theme:  # no change, so no signal: keep it all the same
-            app.notify(keep_theme(name)[0])
+            app.notify(keep_theme(name)[0], markup=False)
         elif name in app.available_themes:
             app.theme = name  # theme_chosen keeps it
         else:
@@ -60,7 +62,14 @@ class Actions:
         file's own theme, applied at start, has nothing to write and says nothing."""
         line, kept = keep_theme(theme.name)
         if kept is not None:
-            self.app.notify(line, severity="information" if kept else "warning")
+            self.app.notify(line, severity="information" if kept else "warning", markup=False)
+
+    def raw(self, arg: str = "") -> None:
+        """`/raw [N]`: a reply's raw text in a screen of its own (chatapp/tui/raw_view.py)."""
+        try:
+            self.app.push_screen(raw_screen(self.app.transcript, arg))
+        except UserError as e:
+            self.app.notify(str(e), severity="error", markup=False)
 
     def chats(self) -> None:
         """The stored chats: open one (its cache comes back from its snapshot), or start a new one."""

@@ -191,6 +191,9 @@ class ChatApp(App[None]):
     def action_themes(self, name: str = "") -> None:
         self.actions.themes(name)
 
+    def action_raw(self, arg: str = "") -> None:
+        self.actions.raw(arg)
+
     async def action_copy_reply(self) -> None:
         await self.actions.copy_reply()
 

@@ -25,7 +25,9 @@ from textual.widgets.markdown import MarkdownFence
 
 from chatapp.store.database import data_home
 from chatapp.store.tempfiles import write_atomic
+from chatapp.tui.raw_view import raw_screen
 from chatapp.tui.transcript import Reply, Transcript
+from model.errors import UserError
 
 SELECTED = "-code-selected"
 
@@ -39,7 +41,7 @@ def copy_text(app: App, text: str, what: str) -> None:
     what = f"{what} ({len(text):,} characters)"
     line, kept = (in_tmux(text, what) if os.environ.get("TMUX") else
                   (f"Sent {what} to the terminal's clipboard (OSC 52: the terminal does not confirm it)", True))
-    app.notify(line, severity="information" if kept else "warning", timeout=5)
+    app.notify(line, severity="information" if kept else "warning", timeout=5, markup=False)
 
 
 def tmux(*args: str, text: str | None = None) -> subprocess.CompletedProcess:
@@ -89,6 +91,7 @@ class CodeTranscript(Transcript):
         Binding("left_square_bracket", "code(-1)", "Prev code"),
         Binding("right_square_bracket", "code(1)", "Next code"),
         Binding("c", "copy_code", "Copy code"),
+        Binding("r", "raw", "Raw text"),  # the selected block's reply, else the last (/raw N: any)
     ]
 
     def __init__(self, **kwargs) -> None:
@@ -129,6 +132,15 @@ class CodeTranscript(Transcript):
             self.select(blocks[-1])
         i = blocks.index(self.selected)
         copy_text(self.app, self.selected.code, f"code block {i + 1} of {len(blocks)}")
+
+    def action_raw(self) -> None:
+        """`r`: the raw text of the reply holding the selected code block, else of the last reply."""
+        fence = self.selected if self.selected in self.code_blocks() else None
+        reply = next((a for a in fence.ancestors if isinstance(a, Reply)), None) if fence else None
+        try:
+            self.app.push_screen(raw_screen(self, reply=reply))
+        except UserError as e:
+            self.app.notify(str(e), severity="error", markup=False)
 
     def on_click(self, event: events.Click) -> None:
         """A click on a code block selects it, for `c`."""

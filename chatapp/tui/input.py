@@ -13,11 +13,15 @@ seconds).
 
 from __future__ import annotations
 
+import os
+
 from textual import events
 from textual.binding import Binding
 from textual.message import Message
 from textual.strip import Strip
 from textual.widgets import TextArea
+
+from chatapp.chat.commands import completions
 
 PASTE_LIMIT = 10_000  # characters; below this a keystroke stays well under 50 ms (docs/tui.md)
 
@@ -76,6 +80,9 @@ class ChatInput(TextArea):
         if event.key == "enter":
             # Keep TextArea from inserting a newline; the Enter binding (send) then runs.
             event.prevent_default()
+        elif event.key == "tab" and self._complete():
+            event.stop()  # Tab completed a command name: it does not move the focus this time
+            event.prevent_default()
         elif event.key in ("up", "down") and self._choosing():
             event.stop()
             event.prevent_default()
@@ -84,6 +91,24 @@ class ChatInput(TextArea):
             event.stop()
             event.prevent_default()
             self._recall(-1 if event.key == "up" else 1)
+
+    def _complete(self) -> bool:
+        """Tab after `/` and part of a command's name: the name completed from the command table
+        (to what the matches share, listed, when several match). False: Tab moves the focus."""
+        text = self.text
+        if text.startswith("//") or not text.startswith("/") or any(c.isspace() for c in text):
+            return False
+        names = completions(text)
+        if not names:
+            self.app.notify(f"No command starts with {text}; /help lists them", severity="warning", timeout=3,
+                            markup=False)
+            return True
+        done = names[0] if len(names) == 1 else os.path.commonprefix(names)
+        if len(names) > 1:
+            self.app.notify("  ".join(n.strip() for n in names), title="Tab completes", timeout=4)
+        self.load_text(done)
+        self.move_cursor(self.document.end)
+        return True
 
     def _browsing(self) -> bool:
         """Up/Down walk the history when the box is empty or still shows a recalled entry."""

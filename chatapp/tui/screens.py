@@ -24,6 +24,7 @@ KEYS = [
     ("Ctrl+Y", "copy the last reply to the clipboard (/copy N: another one)"),
     ("[ / ]", "in the transcript: select the previous / next code block (a click also selects one)"),
     ("c", "in the transcript: copy the selected code block (none selected: the last one)"),
+    ("r", "in the transcript: the raw text of the selected block's reply, else the last (/raw N: any)"),
     ("F1", "this help"),
     ("Ctrl+Q", "quit"),
 ]
