@@ -5,8 +5,9 @@ added config.toml, templates generated from the operators and filters that escap
 (compiled, then two real turns), request bodies posted to a real `serve` on random:tiny, and
 what a hostile server answers the `--backend` client (tests/fuzz_serve.py). Every input must end
 in a one-line error or a working load/chat: never a traceback, a hang or unbounded memory.
-`--fuzz-examples N` sets the inputs per kind (the default keeps the whole file near 30 s);
-docs/notes.md records the long runs.
+`--fuzz-examples N` sets the inputs per kind (the default keeps the whole file near 30 s), and
+$NANOCHAT_FUZZ_LEDGER names a file that gets one JSON line per input (its kind, outcome, time
+and the worker's peak RSS); docs/notes.md records the long runs.
 """
 
 from __future__ import annotations
@@ -98,6 +99,10 @@ class Worker:
             ans = {**ans, "outcome": "memory"}
             self.close()
             self.start()
+        if ledger := os.environ.get("NANOCHAT_FUZZ_LEDGER"):  # a long run's tally, kept as it goes
+            with open(ledger, "a") as f:
+                f.write(json.dumps({"kind": req["kind"], "outcome": ans["outcome"], "peak_kb": ans["peak_kb"],
+                                    "wall_s": round(time.monotonic() - t0, 3), "detail": ans["detail"][:300]}) + "\n")
         return ans
 
     def close(self) -> None:
