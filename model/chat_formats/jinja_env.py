@@ -5,7 +5,8 @@ The environment copies transformers' (utils/chat_template_utils.py): an immutabl
 loopcontrols extension, a `tojson` that does not escape HTML, `raise_exception`,
 `strftime_now`, and the special tokens' strings as variables. tests/test_chat_formats.py
 checks it renders every stored vendor template as transformers does. Unlike transformers' it is
-bounded: output size, steps, time and nesting (chat_formats/bounded.py).
+bounded: output size, steps, time and nesting (chat_formats/bounded.py), while it compiles as
+while it renders; and whatever a template raises is one line, a jinja2.TemplateError.
 """
 
 from __future__ import annotations
