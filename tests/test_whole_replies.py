@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 
 import openai
+import pytest
 from helpers import assert_invariant, assert_transcript, run, running, turn_of, user
 
 from chatapp.chat.events import Info, Trimmed
@@ -72,3 +73,19 @@ def test_serve_without_max_tokens_replies_up_to_the_context(tiny):
         r = client.chat.completions.create(model="x", messages=[user("write a long story")])
         assert r.choices[0].finish_reason == "length"
         assert r.usage.prompt_tokens + r.usage.completion_tokens >= 400 - 4  # it stopped at the context
+
+
+@pytest.mark.anyio
+async def test_in_the_app_a_reply_without_a_cap_fills_the_context_and_says_so():
+    from tui_pilot import endless, make_app, ready, submit
+
+    app = make_app("--context", "200", "--no-store")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        endless(app)
+        await submit(pilot, "/set max_new_tokens none")  # tui_pilot's argv caps replies at 24
+        await submit(pilot, "tell me everything")
+        st = app.session.turn_stats[-1]
+        assert st.stop == "context" and st.decode_tokens > 24 and len(app.session.tokens) == 200
+        assert app.transcript.exchanges[-1].reply.border_subtitle == "cut: the context is full"
+        assert_invariant(app.session)

@@ -41,13 +41,13 @@ SETTINGS = {
     "temperature": (float, lambda v: 0 <= v <= 5, "a number from 0 to 5"),
     "top_k": (int, lambda v: v >= 0, "an integer >= 0 (0 = off)"),
     "top_p": (float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
-    "seed": (int, lambda v: 0 <= v < 2**64, "an integer from 0 to 2**64 - 1, or none (not fixed)"),
+    "seed": (int, lambda v: 0 <= v < 2**64, "an integer from 0 to 2**64 - 1"),
     "min_p": (float, lambda v: 0 <= v <= 1, "a number from 0 to 1 (0 = off)"),
     "repetition_penalty": (float, lambda v: 0.5 <= v <= 3, "a number from 0.5 to 3 (1 = off)"),
     "presence_penalty": (float, lambda v: -2 <= v <= 2, "a number from -2 to 2 (0 = off)"),
     "frequency_penalty": (float, lambda v: -2 <= v <= 2, "a number from -2 to 2 (0 = off)"),
     "repeat_last_n": (int, lambda v: 1 <= v <= 1024, "an integer from 1 to 1024"),
-    "max_new_tokens": (int, lambda v: v >= 1, "an integer >= 1, or none (no cap)"),
+    "max_new_tokens": (int, lambda v: v >= 1, "an integer >= 1"),  # or none: no cap
     "low_water": (float, lambda v: 0 < v <= 1, "a number in (0, 1] (1 = drop just enough for the turn)"),
 }
 SAMPLER = ("temperature", "top_k", "top_p", "seed", "min_p", "repetition_penalty", "presence_penalty",
@@ -75,6 +75,8 @@ def parse_settings(arg: str) -> dict:
         if key not in SETTINGS:
             raise UserError(f"unknown setting {key!r}; settings: {', '.join(SETTINGS)}")
         typ, ok, valid = SETTINGS[key]
+        if DEFAULTS[key] is None:  # /set alone can say none; serve's JSON null means "not said"
+            valid += " or none"
         if raw is None:
             raise UserError(f"{key} needs a value ({valid}): /set {key} VALUE")
         if DEFAULTS[key] is None and raw.lower() in NO_VALUE:
