@@ -82,7 +82,7 @@ def test_a_tuned_model_without_a_template_stays_a_chat(gguf_dir, home):
 
 @pytest.mark.anyio
 async def test_the_panel_and_the_picker_say_completion_mode(gguf_dir, home):
-    from chatapp.keeper.models import cached_models
+    from chatapp.keeper.models import choices
 
     app = ChatApp(chat_parser().parse_args(["--model", str(gguf_dir / "tiny-base.gguf"), "--temperature", "0",
                                             "--max-new-tokens", "4"]))
@@ -95,7 +95,7 @@ async def test_the_panel_and_the_picker_say_completion_mode(gguf_dir, home):
         await submit(pilot, "/retry")
         assert_invariant(app.session)
         assert app.transcript.exchanges[-1].reply is not None
-        pos, chat_id = app.session.cache.seqlen, app.keeper.chat_id
+        pos, chat_id, root = app.session.cache.seqlen, app.keeper.chat_id, app.keeper.store.root
 
     again = ChatApp(chat_parser().parse_args(["--model", str(gguf_dir / "tiny-base.gguf"), "--chat", str(chat_id),
                                               "--temperature", "0", "--max-new-tokens", "4"]))
@@ -109,6 +109,6 @@ async def test_the_panel_and_the_picker_say_completion_mode(gguf_dir, home):
         assert s.turn_stats[-1].cached_before == pos
         await submit(pilot, "/undo")
         assert_invariant(s)
-    notes = {c.label: c.note for c in cached_models()}
+    notes = {c.label: c.note for c in choices(root)}   # opened in place: listed as used recently
     assert any("base model" in n and "completion" in n for label, n in notes.items() if "tiny-base" in label)
     assert not any("base model" in n for label, n in notes.items() if "tiny-tuned" in label)

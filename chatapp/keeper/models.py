@@ -16,6 +16,7 @@ from chatapp.pull.resolve import pullable, pulled_name
 from chatapp.store.tempfiles import write_atomic
 from model.errors import UserError
 from model.files import read_bytes
+from model.loading.gguf_open import metadata_dir
 from model.paths import cache_root
 
 DEFAULT = "default"          # `/model default`: the default model, pulled first if need be
@@ -69,7 +70,8 @@ def default_choice() -> ModelChoice:
 
 
 def cached_models() -> list[ModelChoice]:
-    """Model directories in the cache: pulled ones (models/) and GGUF conversions (gguf/)."""
+    """Model directories in the cache: pulled ones (models/) and GGUF conversions older releases
+    made (gguf/; a GGUF now opens in place, so it is listed among the recent specs)."""
     root, default = cache_root(), default_model_dir()
     found = []
     for kind, folder in (("pulled", root / "models"), ("converted from GGUF", root / "gguf")):
@@ -106,8 +108,16 @@ def choices(root: Path | None) -> list[ModelChoice]:
     for spec in recent(root) if root is not None else []:
         if spec not in seen:
             seen.add(spec)
-            listed.append(ModelChoice(spec, spec, "used recently"))
+            listed.append(ModelChoice(spec, spec, "used recently" + gguf_note(spec)))
     return listed
+
+
+def gguf_note(spec: str) -> str:
+    """A GGUF opened before says what its cached config says (it is opened in place: no copy)."""
+    try:
+        return base_note(None, metadata_dir(Path(spec))) if spec.endswith(".gguf") else ""
+    except OSError:   # gone since
+        return ""
 
 
 def listing(current: str, root: Path | None) -> Info:
