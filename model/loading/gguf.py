@@ -158,12 +158,13 @@ def permuted(w: np.ndarray, gguf_name: str, config: dict) -> np.ndarray:
     return w
 
 
-def read_model(gguf_path: Path, progress: Progress | None = None,
-               name: str | None = None) -> tuple[GGUFFile, dict, list[tuple[TensorSpec, object, str]]]:
-    """(the opened file, config.json's contents, its tensor plan): everything but the weights' bytes."""
+def read_model(gguf_path: Path, progress: Progress | None = None, name: str | None = None,
+               vocabulary: bool = True) -> tuple[GGUFFile, dict, list[tuple[TensorSpec, object, str]]]:
+    """(the opened file, config.json's contents, its tensor plan): everything but the weights'
+    bytes; without the `vocabulary` when the tokenizer's files are not to be written."""
     if progress:
         progress("read", 0, 1)   # GGUFReader takes seconds on a large vocabulary: say so first
-    g = open_gguf(Path(gguf_path))
+    g = open_gguf(Path(gguf_path), vocabulary)
     config = hf_config(g, name or Path(gguf_path).stem)
     plan = tensor_plan(g, config)
     names = {s.name.rsplit(".", 1)[0] if part not in ("dense", "pad") else s.name for s, _, part in plan}

@@ -26,8 +26,18 @@ NUMPY = {GGUFValueType.UINT8: "<u1", GGUFValueType.INT8: "<i1", GGUFValueType.UI
          GGUFValueType.INT64: "<i8", GGUFValueType.FLOAT64: "<f8"}
 
 
+VOCABULARY = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")   # the string arrays a vocabulary is
+
+
 class FastReader(GGUFReader):
+    """`vocabulary=False` leaves VOCABULARY's strings unread (not in `values`): a second open of a
+    file whose tokenizer is cached needs only the tensor index and the model's keys."""
+
     values: dict
+
+    def __init__(self, path, mode: str = "r", vocabulary: bool = True):
+        self.vocabulary = vocabulary
+        super().__init__(path, mode)
 
     def _build_fields(self, offs: int, count: int) -> int:
         self.values = {}
@@ -40,6 +50,9 @@ class FastReader(GGUFReader):
             start = offs
             key, offs = _string(buf, offs)
             (kind,), offs = struct.unpack_from("<I", buf, offs), offs + 4
+            if not self.vocabulary and key in VOCABULARY and kind == GGUFValueType.ARRAY:
+                offs = _skip_strings(buf, offs)
+                continue
             value, offs = _value(buf, offs, GGUFValueType(kind))
             self.values[key] = value
             if key == "general.alignment" and kind == GGUFValueType.UINT32:
@@ -55,6 +68,18 @@ def _string(buf: memoryview, offs: int) -> tuple[str, int]:
     if offs + n > len(buf):
         raise ValueError("string runs past the end of the file")
     return str(buf[offs:offs + n], "utf-8"), offs + n
+
+
+def _skip_strings(buf: memoryview, offs: int) -> int:
+    """Past an array of strings without decoding them (check_gguf has checked every length)."""
+    item, n = struct.unpack_from("<IQ", buf, offs)
+    offs += 12
+    if GGUFValueType(item) != GGUFValueType.STRING:
+        raise ValueError(f"expected an array of strings, found {GGUFValueType(item).name}")
+    unpack = struct.unpack_from
+    for _ in range(n):
+        offs += 8 + unpack("<Q", buf, offs)[0]
+    return offs
 
 
 def _value(buf: memoryview, offs: int, kind: GGUFValueType):

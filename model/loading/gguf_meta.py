@@ -116,13 +116,15 @@ class GGUFFile:
             raise ModelLoadError(f"{self.path}: {e}") from None
 
 
-def open_gguf(path: Path) -> GGUFFile:
+def open_gguf(path: Path, vocabulary: bool = True) -> GGUFFile:
+    """The checked file and its metadata; `vocabulary=False` skips the vocabulary's strings
+    (gguf_fast.VOCABULARY), for a file whose tokenizer is already cached."""
     # Lazy: the gguf package costs ~30 ms to import (more on a cold disk), and only a .gguf needs it.
     from model.loading.gguf_fast import FastReader
 
     check_gguf(path)  # every count and tensor range checked before the reader trusts them
     try:
-        reader = FastReader(path, "c")   # copy-on-write: arrays torch can wrap (nothing writes them)
+        reader = FastReader(path, "c", vocabulary)   # copy-on-write: arrays torch can wrap (nothing writes them)
         meta = {**{k: f.contents() for k, f in reader.fields.items() if k.startswith("GGUF.")}, **reader.values}
     except (ValueError, IndexError, KeyError, OSError, UnicodeDecodeError, OverflowError, struct.error,
             RecursionError) as e:

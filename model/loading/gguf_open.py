@@ -86,8 +86,9 @@ def load_gguf(path: Path, opts: LoadOptions) -> LoadedModel:
     target = metadata_dir(path)
     created = missing_dirs(target.parent)
     try:
-        g, config, plan = read_model(path)
-        if not (target / "config.json").exists():
+        cached = (target / "config.json").exists()
+        g, config, plan = read_model(path, vocabulary=not cached)   # a cached tokenizer: its strings unread
+        if not cached:
             metadata_atomically(g, config, target)
         area = arena(sum(aligned(s.nbytes) for s, _, part in plan if part != "pad")) if opts.quantized else None
         weights = weights_in_place(g, config, plan, area)
