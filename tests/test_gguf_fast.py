@@ -35,3 +35,11 @@ def test_fast_reader_equals_gguf_py(tmp_path):
     for a, b in zip(ref.tensors, fast.tensors, strict=True):
         assert (a.name, a.tensor_type, list(a.shape)) == (b.name, b.tensor_type, list(b.shape))
         np.testing.assert_array_equal(a.data, b.data)
+    # A second open of a file whose tokenizer is cached leaves the vocabulary's strings unread
+    # and still finds every other key and every tensor.
+    lean = FastReader(path, vocabulary=False)
+    assert lean.values == {k: v for k, v in fast.values.items() if k != "tokenizer.ggml.tokens"}
+    assert lean.data_offset == ref.data_offset
+    for a, b in zip(ref.tensors, lean.tensors, strict=True):
+        assert (a.name, a.tensor_type, list(a.shape)) == (b.name, b.tensor_type, list(b.shape))
+        np.testing.assert_array_equal(a.data, b.data)
