@@ -16,13 +16,15 @@ rename, fsync of the folder.
 from __future__ import annotations
 
 import hashlib
+import json
+import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import save
 
 from chatapp.store.identity import ModelIdentity
 from chatapp.store.tempfiles import is_temp, remove_orphan_tmp, write_atomic
@@ -47,27 +49,73 @@ def token_hash(tokens: list[int]) -> str:
     return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()
 
 
-def checksum(tensors: dict[str, torch.Tensor]) -> str:
+@dataclass
+class Rows:
+    """A tensor of a segment as the blocks it is stored in, in order (a view of the cache each)."""
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    blocks: list[torch.Tensor]
+
+    def buffers(self) -> Iterator[np.ndarray]:
+        for b in self.blocks:  # a CUDA cache's block comes to the host one layer at a time
+            yield b.contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() for b in self.blocks) * self.dtype.itemsize
+
+
+def checksum(tensors: dict[str, torch.Tensor | Rows]) -> str:
     h = hashlib.sha256()
     for name in sorted(tensors):
         t = tensors[name]
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
-        h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+        rows = t if isinstance(t, Rows) else Rows(tuple(t.shape), t.dtype, [t])
+        h.update(f"{name}:{rows.shape}:{rows.dtype};".encode())
+        for buf in rows.buffers():
+            h.update(buf)
     return h.hexdigest()
+
+
+def segment_rows(cache: KVCache, start: int, end: int) -> dict[str, Rows]:
+    """Positions [start, end) of K, V and each state, as views of the cache, layer by layer: a
+    segment is written without a copy of it (a compaction's is the whole filled cache)."""
+    n, (layers, batch, _t, heads, dim) = end - start, cache.shape
+    rows = {name: Rows((layers, batch, n, heads, dim), cache.dtype, [t[layer, :, start:end] for layer in range(layers)])
+            for name, t in (("k", cache.k_cache), ("v", cache.v_cache))}
+    for name, buf in cache.state.items():
+        rows[f"state.{name}"] = Rows((buf.shape[0], n, *buf.shape[2:]), buf.dtype, [buf[:, start:end]])
+    return rows
+
+
+SAFETENSORS_DTYPES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64",
+                      torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8"}
+
+
+def safetensors_file(rows: dict[str, Rows], meta: dict[str, str]) -> Iterator[bytes | np.ndarray]:
+    """The safetensors format, streamed: an 8-byte header length, the JSON header (padded with
+    spaces to 8 bytes, as safetensors writes it), then each tensor's bytes in header order."""
+    header: dict = {"__metadata__": meta}
+    offset = 0
+    for name, r in rows.items():
+        header[name] = {"dtype": SAFETENSORS_DTYPES[r.dtype], "shape": list(r.shape),
+                        "data_offsets": [offset, offset + r.nbytes]}
+        offset += r.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    yield struct.pack("<Q", len(text)) + text
+    for r in rows.values():
+        yield from r.buffers()
 
 
 def write_segment(folder: Path, cache: KVCache, start: int, end: int, tokens: list[int],
                   identity: ModelIdentity) -> Segment:
     """Save positions [start, end) of the cache, computed from tokens[:end]. Atomic."""
-    tensors = {"k": cache.k_cache[:, :, start:end].contiguous().cpu(),
-               "v": cache.v_cache[:, :, start:end].contiguous().cpu()}
-    for name, buf in cache.state.items():
-        tensors[f"state.{name}"] = buf[:, start:end].contiguous().cpu()
+    rows = segment_rows(cache, start, end)
     seg = Segment(folder / f"{start:08d}-{end:08d}{SUFFIX}", start, end, token_hash(tokens[:end]), identity)
     meta = {"format": FORMAT, "start": str(start), "end": str(end), "prefix": seg.prefix,
-            "identity": identity.to_json(), "checksum": checksum(tensors)}
+            "identity": identity.to_json(), "checksum": checksum(rows)}
     folder.mkdir(parents=True, exist_ok=True)
-    write_atomic(seg.path, save(tensors, metadata=meta))
+    write_atomic(seg.path, safetensors_file(rows, meta))
     return seg
 
 

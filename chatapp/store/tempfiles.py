@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 TMP = re.compile(r"\.(?P<name>.+)\.(?P<pid>\d+)\.tmp")  # ours: .<segment name>.<pid>.tmp
@@ -29,13 +30,15 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """`path` holds `data` or stays as it was, whenever the process dies: the only file a crash
-    can leave is the pid-named temp file, which `sweep` removes once that pid is gone."""
+def write_atomic(path: Path, data: bytes | Iterable) -> None:
+    """`path` holds `data` (bytes, or buffers written one after another) or stays as it was,
+    whenever the process dies: the only file a crash can leave is the pid-named temp file, which
+    `sweep` removes once that pid is gone."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:  # the pid in the name: no other live process writes this file
-            f.write(data)
+            for chunk in [data] if isinstance(data, bytes) else data:
+                f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
