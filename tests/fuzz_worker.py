@@ -12,8 +12,10 @@ RLIMIT_AS stops a runaway allocation here before it takes the machine.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import resource
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -111,6 +113,7 @@ def open_row(root: Path, req: dict, ctx: dict) -> str:
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent asks where a hang spins
     resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
     from model.loading import load_model
 

@@ -17,6 +17,7 @@ import os
 import re
 import select
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -65,8 +66,10 @@ class Worker:
 
     def start(self) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "NANOCHAT_NATIVE": "0"}
+        ledger = os.environ.get("NANOCHAT_FUZZ_LEDGER")  # a long run keeps the workers' stacks at each hang
+        err = open(ledger + ".stderr", "a") if ledger else subprocess.DEVNULL  # noqa: SIM115 (the child's)
         self.p = subprocess.Popen([sys.executable, "-m", "tests.fuzz_worker"], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
+                                  stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT, env=env)
         self.base_kb = self.answer(120)["peak_kb"]
 
     def answer(self, timeout: float) -> dict:
@@ -93,6 +96,9 @@ class Worker:
             if self.cpu_s() - start > TIME_LIMIT_S or time.monotonic() - t0 > WALL_LIMIT_S:
                 break
         if ans["outcome"] in ("hang", "died"):
+            if self.p.poll() is None:  # where it spun, on its stderr (faulthandler in the worker)
+                os.kill(self.p.pid, signal.SIGUSR1)
+                time.sleep(0.5)
             self.close()
             self.start()
         elif ans["peak_kb"] - self.base_kb > MEMORY_BOUND_KB:
