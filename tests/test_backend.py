@@ -190,6 +190,10 @@ async def test_the_tui_chats_through_serve_and_shows_the_servers_figures(served)
         assert row(app, "cached") == f"{second.cached_before} reused"
         assert row(app, "prefill") == f"{second.prefill_tokens} new"
         assert row(app, "model") == f"random:tiny @ {served[0].url}"
+        # the server's own figures: its name, its cache's length and context; no blank shape or 0 B of K/V
+        assert row(app, "backend") == "nanochat-tui" and row(app, "device") == "remote"
+        assert row(app, "cache_seqlens") == f"{second.cache_seqlens} / {served[1].session.cache.capacity}"
+        assert not any(app.panel.row(id).display for id in ("shape", "dtype", "weights", "kv_used", "kv_allocated"))
         await submit(pilot, "/model x")
         assert any("not with --backend" in n for n in app_notices(app))
 

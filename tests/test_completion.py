@@ -15,6 +15,7 @@ from chatapp.chat.settings import Settings
 from chatapp.cli import chat_parser
 from chatapp.keeper.keeper import ChatKeeper
 from chatapp.tui.app import ChatApp
+from chatapp.tui.cache_panel import COMPLETION_LABEL, LABEL_WIDTH
 from model.chat_formats.completion import CompletionFormat, gguf_tuning
 from model.loading import LoadOptions, load_model
 
@@ -90,7 +91,8 @@ async def test_the_panel_and_the_picker_say_completion_mode(gguf_dir, home):
         await ready(pilot)
         endless(app)
         mode = app.panel.row("mode")
-        assert mode.display and mode.value == "completion (base model)"
+        assert mode.display and mode.value == COMPLETION_LABEL
+        assert mode.region.height == 1 and LABEL_WIDTH + len(mode.value) <= app.panel.content_region.width  # no wrap
         await submit(pilot, "hello world")
         await submit(pilot, "/retry")
         assert_invariant(app.session)
@@ -103,7 +105,7 @@ async def test_the_panel_and_the_picker_say_completion_mode(gguf_dir, home):
         await ready(pilot)
         s = again.session
         assert again.keeper.restored.line == f"restored {pos} tokens from snapshot" and s.cache.seqlen == pos
-        assert again.panel.row("mode").value == "completion (base model)"
+        assert again.panel.row("mode").value == COMPLETION_LABEL
         assert_invariant(s)
         await submit(pilot, " and more")
         assert s.turn_stats[-1].cached_before == pos

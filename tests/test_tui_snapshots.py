@@ -25,6 +25,26 @@ def test_main_screen_after_two_turns(snap_compare):
     assert snap_compare(make_app(*GREEDY, stable=True), terminal_size=SIZE, run_before=chat)
 
 
+def test_at_80x24_the_panel_folds_and_the_transcript_keeps_the_width(snap_compare):
+    """The issue's 80-column terminal: the panel took half of it and replies wrapped at about 33
+    columns; folded to one status line, the transcript gets 70 and more."""
+    async def chat(pilot):
+        await ready(pilot)
+        await submit(pilot, "hello")
+        await submit(pilot, "and a **second** turn")
+        assert pilot.app.transcript.size.width >= 70
+
+    assert snap_compare(make_app(*GREEDY, stable=True), terminal_size=(80, 24), run_before=chat)
+
+
+def test_help_screen_at_80_columns(snap_compare):
+    async def help(pilot):
+        await ready(pilot)
+        await pilot.press("f1")
+
+    assert snap_compare(make_app(*GREEDY, stable=True), terminal_size=(80, 24), run_before=help)
+
+
 def test_help_screen(snap_compare):
     async def help(pilot):
         await ready(pilot)

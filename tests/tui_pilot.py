@@ -9,7 +9,6 @@ from textual.pilot import Pilot
 
 from chatapp.options import chat_parser
 from chatapp.tui.app import ChatApp
-from chatapp.tui.loading import READY
 
 TINY = ["--model", "random:tiny", "--seed", "1", "--max-new-tokens", "24"]
 
@@ -29,9 +28,9 @@ async def until(pilot: Pilot, cond: Callable[[], bool], timeout: float = 30.0, w
 
 async def ready(pilot: Pilot) -> ChatApp:
     app = pilot.app
-    # The placeholder turns READY last in Loading.loaded: the session is set before the panel
-    # shows the model's figures, and a load without a converted copy can win that race.
-    await until(pilot, lambda: app.session is not None and app.input.placeholder == READY, what="the model to load")
+    # Loading.ready is set last in Loading.loaded: the session is set before the panel shows the
+    # model's figures, and a load without a converted copy can win that race.
+    await until(pilot, lambda: app.session is not None and app.loading.ready, what="the model to load")
     return app
 
 

@@ -70,6 +70,8 @@ TABLE = [
                 "[PATH]", handler="attach_file"),
     CommandSpec("/theme", "change the TUI's colours (no NAME: the theme picker); the choice is kept in the "
                 "config file", "[NAME]", handler="theme", store=True, screen="themes", tui=True),
+    CommandSpec("/panel", "hide or show the cache panel (below 100 columns it is a one-line status)",
+                handler="panel", store=True, screen="panel", key="F2"),
     CommandSpec("/model", "switch to another model, keeping the chat (no SPEC: list the models)", "[SPEC]",
                 handler="switch_model", store=True, screen="models"),
 ]

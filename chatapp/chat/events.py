@@ -117,6 +117,7 @@ class SessionFigures:
     stats: dict
     memory: Memory
     turns: list[TurnStats] = field(default_factory=list)
+    history: list[int] = field(default_factory=list)  # prefill tokens per turn, a reopened chat's too
     event: str = "figures"
 
 

@@ -19,7 +19,7 @@ from chatapp.chat.attach import Attachments, Budget, file_command, paste_command
 from chatapp.chat.clip import pick_reply
 from chatapp.chat.commands import help_text, is_text
 from chatapp.chat.events import CacheState, Copied, Error, Event, Info, Quit, SessionFigures, Trimmed, TurnStats
-from chatapp.chat.exchange import Exchange
+from chatapp.chat.exchange import Exchange, prefill_history
 from chatapp.chat.figures import stats_text
 from chatapp.chat.kinds import Part, answer_text, stored_parts
 from chatapp.chat.memory import read_memory
@@ -280,7 +280,8 @@ class Session:
 
     def figures(self) -> SessionFigures:
         """What the TUI's panel shows between turns; its worker reads it, never the UI thread."""
-        return SessionFigures(self.stats(), read_memory(str(self.cache.device)), list(self.turn_stats))
+        return SessionFigures(self.stats(), read_memory(str(self.cache.device)), list(self.turn_stats),
+                              prefill_history(self.exchanges, self.turn_stats, len(self.trimmed) + 1))
 
     def stats_text(self) -> str:
         return stats_text(self.stats())

@@ -210,6 +210,12 @@ class ChatKeeper(SavingKeeper):
         raise UserError("/raw: the raw view is the TUI's; headless mode's turn events carry each reply as written")
         yield  # a generator, like every handler
 
+    def panel(self, _arg: str) -> Iterator[Event]:
+        """The TUI serves /panel itself; here (headless) there is no panel."""
+        raise UserError("/panel: the cache panel belongs to the TUI; headless mode reports the figures "
+                        "in each turn's JSON and /stats")
+        yield  # a generator, like every handler
+
     def switch_model(self, spec: str) -> Iterator[Event]:
         """`/model SPEC`: the same chat on another model (chatapp/keeper/switch.py); alone, the list."""
         if not spec:

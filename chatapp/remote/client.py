@@ -37,6 +37,7 @@ CHARS_PER_PIECE = 256  # a piece of text is one token or a few: no vocabulary ha
 class ServerInfo:
     model: str
     context: int = 0   # 0: the server did not say
+    server: str = "server"  # what it calls itself (/v1/models' owned_by: llamacpp, vllm, nanochat-tui)
 
 
 class OpenAIClient:
@@ -64,7 +65,9 @@ class OpenAIClient:
         meta = get(m, "meta", dict, "data[0].") or {}
         # vLLM's field, llama.cpp's
         ctx = count(m, "max_model_len", "data[0].") or count(meta, "n_ctx_train", "data[0].meta.")
-        return ServerInfo(m["id"], ctx or 0)
+        owner = m.get("owned_by")  # only a name for the panel: anything but a string is ignored, not refused
+        server = owner.strip()[:MAX_ID] if isinstance(owner, str) and owner.strip() else "server"
+        return ServerInfo(m["id"], ctx or 0, server)
 
     def _get(self, path: str) -> object:
         deadline = Deadline(self.timeout, f"the server at {self.base}")

@@ -36,7 +36,7 @@ def open_remote(args: argparse.Namespace, warn: Callable[[str], object]) -> Remo
         raise UserError(f"--backend: {e}") from None
     values = {**DEFAULTS, **given_sampling(args)}
     parse_settings(settings_text({k: v for k, v in values.items() if v is not None}))
-    session = RemoteSession(client, info.model, Settings(**values, system=args.system), info.context)
+    session = RemoteSession(client, info.model, Settings(**values, system=args.system), info.context, info.server)
     keeper = RemoteKeeper(session, open_store(args, warn))
     if keeper.store is not None and (args.chat is not None or args.resume):
         for ev in keeper.load(str(args.chat) if args.chat is not None else ""):

@@ -69,8 +69,10 @@ class Served:
 
 
 class RemoteSession:
-    def __init__(self, client: OpenAIClient, model: str, settings: Settings | None = None, context: int = 0):
+    def __init__(self, client: OpenAIClient, model: str, settings: Settings | None = None, context: int = 0,
+                 server: str = "server"):
         self.client, self.model, self.context = client, model, context
+        self.server = escape_controls(server)  # what the server calls itself: shown escaped, as its model
         self.lm = Served(escape_controls(f"{model} @ {client.base}"))  # the server names its model: shown escaped
         self.template, self.tokenizer = PlainFormat(), None
         self.settings = settings or Settings()
@@ -236,14 +238,16 @@ class RemoteSession:
                       "the server's context is the limit (an estimate: its tokenizer is not here)")
 
     def figures(self) -> SessionFigures:
-        return SessionFigures(self.stats(), read_memory("remote"), list(self.turn_stats))
+        return SessionFigures(self.stats(), read_memory("remote"), list(self.turn_stats),
+                              [st.prefill_tokens for st in self.turn_stats])
 
     def stats(self) -> dict:
         last = self.last
+        # what the server reports, no more: it tells no cache shape, dtype or K/V bytes (the panel
+        # hides those rows), and names itself in /v1/models' owned_by (llamacpp, vllm, nanochat-tui)
         d = {"model": self.lm.name, "cache_seqlens": last.cache_seqlens if last else 0, "capacity": self.context,
-             "tokens": last.cache_seqlens if last else 0, "shape": [], "dtype": "(server)", "device": "remote",
-             "kv_bytes_used": 0, "kv_bytes_allocated": 0, "backend": "remote", "turns": self.turns,
-             **self.settings.sampling_values()}
+             "tokens": last.cache_seqlens if last else 0, "device": "remote", "backend": self.server,
+             "turns": self.turns, **self.settings.sampling_values()}
         if last:
             d |= {"last_prefill_tokens": last.prefill_tokens, "last_cached_tokens": last.cached_before,
                   "last_ttft_ms": round(last.ttft_ms, 2), "last_tokens_per_s": round(last.tokens_per_s, 2)}

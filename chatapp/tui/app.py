@@ -22,7 +22,7 @@ from textual.widgets import Footer, Header, TextArea
 
 from chatapp.tui.actions import Actions
 from chatapp.tui.bridge import Loaded, LoadFailed, LoadProgress, SessionEvent, TextBatch, TurnFinished
-from chatapp.tui.cache_panel import CachePanel
+from chatapp.tui.cache_panel import CachePanel, StatusLine
 from chatapp.tui.clipboard import CodeTranscript
 from chatapp.tui.editing import Editing
 from chatapp.tui.face import EventSource
@@ -40,17 +40,21 @@ if TYPE_CHECKING:  # the keeper imports torch, which must not delay the first fr
     from chatapp.keeper.keeper import ChatKeeper
 
 SWITCH_INTERVAL_S = 0.001
+PANEL_FOLD_WIDTH = 100  # below it the panel is a status line unless F2 shows it
+PANEL_MIN_WIDTH = 80    # below it the panel cannot show
 
 
 class ChatApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "nanochat-tui"
-    # Below 80 columns the 38-column cache panel would squeeze the chat (at 42 the input box
-    # had no columns left and Textual crashed drawing it): the chat gets the whole width.
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (80, "-wide")]
+    # Below 100 columns the 38-column cache panel would take the chat's room (at 80, replies
+    # wrapped at 33 columns): it folds to a status line, and F2 shows it again from 80 up. Below
+    # 80 it stays folded (at 42 the input box had no columns left and Textual crashed drawing it).
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (PANEL_MIN_WIDTH, "-medium"), (PANEL_FOLD_WIDTH, "-wide")]
     BINDINGS = [
         Binding("escape", "stop", "Stop reply"),
         Binding("f1", "help", "Help"),
+        Binding("f2", "panel", "Panel"),
         Binding("ctrl+o", "chats", "Chats"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
         Binding("ctrl+y", "copy_reply", "Copy reply", priority=True),  # over the input box's redo
@@ -76,11 +80,13 @@ class ChatApp(App[None]):
 
     def compose(self) -> ComposeResult:
         yield Header()
+        status = StatusLine(id="status")
         with Horizontal(id="main"):
             with Vertical(id="chat"):
                 yield CodeTranscript(id="transcript")
                 yield ChatInput(id="input", placeholder=WAITING)  # takes text at once (tui/loading.py)
-            yield CachePanel(self.stable, id="panel")
+                yield status
+            yield CachePanel(self.stable, status, id="panel")
         yield Footer()
 
     async def on_mount(self) -> None:
@@ -175,6 +181,16 @@ class ChatApp(App[None]):
     # --- actions: the bindings' and the command table's (`screen=`) names ----------------
     async def action_stop(self) -> None:
         await self.actions.stop()
+
+    def action_panel(self) -> None:
+        """F2, /panel: the cache panel hidden (its status line instead) or shown, whatever the width says."""
+        main, shown = self.query_one("#main"), self.panel.display
+        if not shown and self.size.width < PANEL_MIN_WIDTH:
+            self.notify(f"The panel needs {PANEL_MIN_WIDTH} columns; this terminal has {self.size.width}.",
+                        severity="warning")
+            return
+        main.set_class(shown, "-panel-off")
+        main.set_class(not shown, "-panel-on")
 
     def action_quit(self) -> None:
         self.actions.quit()

@@ -6,6 +6,10 @@ figures), `Progress` while a turn runs (the cache filling, memory), and the even
 move the cache (`TurnStats`, `CacheState`, `Trimmed`, `Restored`, `Prefilling`, a model
 switch). The UI thread never reads the session. With `stable=True` (snapshot tests) the
 figures that change from run to run (memory, timings) are hidden.
+
+F2 or `/panel` hides and shows it; below 100 columns it folds to `StatusLine`, one line under
+the input box (the cache's fill, memory, speed), which it keeps up to date. A figure the
+session does not have (a `--backend` server reports no shape or K/V bytes) hides its row.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ from chatapp.chat.figures import counted, human_bytes, human_ms, human_rate
 from chatapp.tui.visible import visible
 
 LABEL_WIDTH = 14
+COMPLETION_LABEL = "completion (base)"  # stats carry "mode" only then (chat/stats.py); it fits the row
+# rows of figures a session may not have (a --backend server reports none of these): hidden then
+OPTIONAL_ROWS = {"shape": "shape", "dtype": "dtype", "weights": "weights", "kv_used": "kv_bytes_used",
+                 "kv_allocated": "kv_bytes_allocated"}
 HIDDEN = "(hidden)"
 HISTORY = 32  # turns in the sparkline
 
@@ -55,34 +63,62 @@ class Row(Static):
                     layout=self.has_class("wrap"))
 
 
+class StatusLine(Static):
+    """The panel folded to one line (below 100 columns, or hidden with F2): what it shows, set by
+    the panel as its rows change."""
+
+    shown: tuple[str, str, str] | None = None
+
+    def show(self, cache: str, memory: str, speed: str) -> None:
+        if (cache, memory, speed) == self.shown:
+            return  # one line of fixed size: a change repaints it without a relayout, and none skips it
+        self.shown = (cache, memory, speed)
+        self.update(Content.assemble(("KV ", "dim"), cache, (" · RSS ", "dim"), memory, (" · ", "dim"), speed,
+                                     (" · F2 panel", "dim")), layout=False)
+
+
+def backend_label(backend: str, device: str) -> str:
+    """The panel's name for the engine. A quantized CPU model's is "C kernels" whatever else its
+    prefill handed attention to (oneDNN's SDPA on AMX, for long chunks): `/stats`' backend field
+    lists every one that ran, and the row stays put rather than growing "+SDPA" mid-chat. A
+    --backend server's is the name it gives itself."""
+    if device == "remote":
+        return backend
+    parts = backend.split("+")
+    return "C kernels" if "c" in parts else "+".join(b.upper() for b in parts)
+
+
 class CachePanel(VerticalScroll):
     """Shown at the right of the chat; every field has an id so tests can read it. It takes no
     focus (the mouse wheel still scrolls it), so one Tab from the input reaches the transcript."""
 
     can_focus = False
 
-    def __init__(self, stable: bool = False, **kwargs) -> None:
+    def __init__(self, stable: bool = False, status: StatusLine | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.stable = stable
+        self.status = status or StatusLine()
         # The session's turn figures as the last SessionFigures carried them, and the TurnStats
         # since (the session keeps the one list: Session.turn_stats; this is what is on screen).
         self.turns: list[TurnStats] = []
+        # Prefill tokens per exchange of the chat (SessionFigures.history: a reopened chat's too)
+        self.history: list[int] = []
         self.restored_at: int | None = None  # cache_seqlens a stored chat's restore gave back
         self.border_title = "KV cache"
 
     def compose(self) -> ComposeResult:
         yield Row("model", "model", wrap=True)  # a long name wraps rather than losing its end
-        mode = Row("mode", "mode", wrap=True)  # shown only for a base model's completion mode
+        mode = Row("mode", "mode")  # shown only for a base model's completion mode
         mode.display = False
         yield mode
         yield Static("", id="restore", classes="hint")
         yield Row("device", "device")
         yield Row("backend", "backend")
         yield Row("cache_seqlens", "cache_seqlens")
-        yield ProgressBar(id="fill", show_eta=False)
+        yield ProgressBar(total=1, id="fill", show_eta=False)  # not indeterminate: it would animate before a model
         yield Row("re-prefill", "reprefill")  # shown only while a trim refills the cache
         yield Row("shape", "shape")
-        yield Label("layers×B×T×H×D", classes="hint")
+        yield Label("layers×B×T×H×D", classes="hint", id="shape-hint")
         yield Row("KV dtype", "dtype")
         yield Row("weights", "weights")
         yield Row("KV in use", "kv_used")
@@ -108,7 +144,7 @@ class CachePanel(VerticalScroll):
         match ev:
             case SessionFigures():
                 self.show_stats(ev.stats, ev.memory)
-                self.turns = list(ev.turns)
+                self.turns, self.history = list(ev.turns), list(ev.history)
                 self.show_turns()
             case Progress():
                 self.show_cache(ev.cache_seqlens, ev.capacity, ev.kv_bytes_used)
@@ -120,6 +156,7 @@ class CachePanel(VerticalScroll):
             case TurnStats():
                 self.show_cache(ev.cache_seqlens, ev.capacity, ev.kv_bytes_used)
                 self.turns.append(ev)
+                self.history.append(ev.prefill_tokens)  # until the figures after the turn say it exactly
                 self.show_turns()
             case Trimmed():
                 self.show_cache(ev.cache_seqlens, ev.capacity)
@@ -137,20 +174,24 @@ class CachePanel(VerticalScroll):
             case ModelSwitched():
                 dropped = f", {counted(ev.dropped_exchanges, 'exchange')} out" if ev.dropped_exchanges else ""
                 self.show_restore(f"switched: re-prefilled {ev.reprefilled_tokens} tokens{dropped}")
-                self.turns = []  # they belonged to the old model
+                self.turns, self.history = [], []  # they belonged to the old model
 
     def show_stats(self, stats: dict, memory: Memory) -> None:
         """Everything but the turns: the session's /stats figures and the process's memory."""
         self.row("model").set(stats["model"])
         self.row("mode").display = "mode" in stats
-        self.row("mode").set(stats.get("mode", ""))
+        self.row("mode").set(COMPLETION_LABEL if "mode" in stats else "")
         self.row("device").set(stats["device"])
-        self.row("backend").set("+".join("C kernels" if b == "c" else b.upper() for b in stats["backend"].split("+")))
-        self.show_cache(stats["cache_seqlens"], stats["capacity"], stats["kv_bytes_used"])
-        self.row("shape").set("×".join(map(str, stats["shape"])))
-        self.row("dtype").set(stats["dtype"])
+        self.row("backend").set(backend_label(stats["backend"], stats["device"]))
+        self.show_cache(stats["cache_seqlens"], stats["capacity"], stats.get("kv_bytes_used"))
+        for id, key in OPTIONAL_ROWS.items():
+            self.row(id).display = key in stats
+        self.query_one("#shape-hint", Label).display = "shape" in stats
+        self.row("shape").set("×".join(map(str, stats.get("shape", []))))
+        self.row("dtype").set(stats.get("dtype", "—"))
         self.row("weights").set(stats.get("weights", "—"))
-        self.row("kv_allocated").set(human_bytes(stats["kv_bytes_allocated"]))
+        if "kv_bytes_allocated" in stats:
+            self.row("kv_allocated").set(human_bytes(stats["kv_bytes_allocated"]))
         self.show_memory(memory)
 
     def show_cache(self, pos: int, cap: int, kv_used: int | None = None) -> None:
@@ -158,12 +199,14 @@ class CachePanel(VerticalScroll):
         self.query_one("#fill", ProgressBar).update(total=cap, progress=pos)
         if kv_used is not None:
             self.row("kv_used").set(human_bytes(kv_used))
+        self.show_status()
 
     def show_memory(self, memory: Memory) -> None:
         cuda = memory.cuda_allocated is not None
         for id in ("cuda_allocated", "cuda_reserved"):
             self.row(id).display = cuda
         self.row("rss").set(HIDDEN if self.stable else human_bytes(memory.rss))
+        self.show_status()
         if cuda:
             self.row("cuda_allocated").set(HIDDEN if self.stable else human_bytes(memory.cuda_allocated))
             self.row("cuda_reserved").set(HIDDEN if self.stable else human_bytes(memory.cuda_reserved))
@@ -204,6 +247,11 @@ class CachePanel(VerticalScroll):
                     "speed": HIDDEN if self.stable else human_rate(st.tokens_per_s)}
         for id in ("prefill", "cached", "ttft", "speed"):
             self.row(id).set(last.get(id, "—"))
-        p = [st.prefill_tokens for st in self.turns]
+        p = self.history
         self.row("turns").set(f"{len(p)}, max {max(p)}" if p else "—")  # the last: the prefill row
         self.query_one("#history", Sparkline).data = p[-HISTORY:]
+        self.show_status()
+
+    def show_status(self) -> None:
+        """The folded panel's line, from the rows as they are now."""
+        self.status.show(self.row("cache_seqlens").value, self.row("rss").value, self.row("speed").value)

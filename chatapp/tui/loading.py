@@ -42,6 +42,7 @@ class Loading:
         self.thread: threading.Thread | None = None
         self.failed = False          # the last load failed: no model until /model SPEC loads one
         self.queued: str | None = None  # a message typed during the load, sent once the model is ready
+        self.ready = False           # the chat is drawn and the panel filled: the box sends now
 
     @property
     def running(self) -> bool:
@@ -50,7 +51,7 @@ class Loading:
 
     async def start(self) -> None:
         spec = self.args.model or "the default model"
-        self.failed = False
+        self.failed = self.ready = False
         self.app.sub_title = visible(f"loading {spec}")
         self.app.input.placeholder = WAITING
         await self.app.transcript.mount(LoadStatus(f"Loading {spec}…"))
@@ -147,6 +148,7 @@ class Loading:
         await t.notice(f"{s.lm.name} is ready. Enter sends, Ctrl+J adds a line, Esc stops a reply, F1 shows help.",
                        "dim")
         app.input.placeholder = READY
+        self.ready = True
         if self.queued is not None:
             text, self.queued = self.queued, None
             await app.submit(text)

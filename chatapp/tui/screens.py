@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
+from textual.containers import Horizontal, VerticalScroll
 from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
@@ -26,27 +26,36 @@ KEYS = [
     ("c", "in the transcript: copy the selected code block (none selected: the last one)"),
     ("r", "in the transcript: the raw text of the selected block's reply, else the last (/raw N: any)"),
     ("F1", "this help"),
+    ("F2", "hide or show the cache panel (below 100 columns it is a one-line status)"),
     ("Ctrl+Q", "quit"),
 ]
 
 
-def help_content() -> Content:
-    """Two aligned tables, commands then keys; the commands come from the one command table."""
-    commands = help_rows(tui=True)
-    width = max(len(name) for name in [*(u for u, _ in commands), *(k for k, _ in KEYS)]) + 2
-    lines: list[Content] = [Content.styled("Commands", "bold")]
-    lines += [Content.assemble((f"{usage:<{width}}", "bold $accent"), desc) for usage, desc in commands]
-    lines += [Content(""), Content.styled("Keys", "bold")]
-    lines += [Content.assemble((f"{key:<{width}}", "bold $accent"), desc) for key, desc in KEYS]
-    return Content("\n").join(lines)
+def help_table(rows: list[tuple[str, str]], width: int) -> list[Horizontal]:
+    """One row a name: the name in a column of `width`, its text wrapping within the column beside
+    it, so a long line's continuation stays under its own text at any width (a text of padded
+    lines wrapped back to the left edge at 80 columns)."""
+    out = []
+    for name, desc in rows:
+        key = Static(Content.styled(name, "bold $accent"), classes="help-key")
+        key.styles.width = width
+        out.append(Horizontal(key, Static(desc, classes="help-text"), classes="help-row"))
+    return out
 
 
 class HelpScreen(ModalScreen[None]):
+    """Commands then keys, two aligned tables; the commands come from the one command table."""
+
     BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
 
     def compose(self) -> ComposeResult:
+        commands = help_rows(tui=True)
+        width = max(len(name) for name, _ in [*commands, *KEYS]) + 2
         with VerticalScroll(id="help"):
-            yield Static(help_content())
+            yield Label("Commands", classes="help-title")
+            yield from help_table(commands, width)
+            yield Label("Keys", classes="help-title", id="keys-title")
+            yield from help_table(KEYS, width)
             yield Label("Esc closes this help.", classes="hint")
 
     async def action_dismiss(self, result: None = None) -> None:

@@ -16,7 +16,7 @@ from chatapp.tui.loading import Loading
 from chatapp.tui.token_count import InputBorder
 from model.errors import UserError
 
-NO_MODEL_SCREENS = {"help", "quit", "themes"}   # the screen commands that work before a model is loaded
+NO_MODEL_SCREENS = {"help", "quit", "themes", "panel"}   # the screen commands that work before a model is loaded
 
 
 class Turns:
