@@ -22,10 +22,11 @@ from chatapp.chat.presets import Presets
 from chatapp.chat.session import Session
 from chatapp.chat.settings import DEFAULTS, Settings, parse_settings, settings_text
 from chatapp.config import Config, load_config
+from chatapp.keeper.chat_model import recorded_model
 from chatapp.keeper.keeper import ChatKeeper
 from chatapp.keeper.models import remember
 from chatapp.options import FlagError, given_sampling
-from chatapp.pull.resolve import resolve
+from chatapp.pull.resolve import available, resolve
 from chatapp.store.database import ChatStore, data_home
 from chatapp.store.records import StoreError
 from kvcache.attention import available_backends
@@ -127,9 +128,8 @@ def open_session(args: argparse.Namespace, progress=None, warn: Warn | None = No
     settings = settings_from(args, config)
     if args.model is not None and not args.model.strip():
         raise FlagError("--model is empty; leave it out for the default model")
-    named = resolve(args.model if args.model is not None else config.model, progress=progress)
+    named, lm = load_first(args, config, progress, warn or to_stderr)
     settings.model = named.spec
-    lm = load_model(named.path, load_options(args))
     for line in lm.notes:
         (warn or to_stderr)(line)
     if args.context is not None and args.context > lm.context_length:
@@ -147,6 +147,42 @@ def open_session(args: argparse.Namespace, progress=None, warn: Warn | None = No
     if note := native_note(args):
         (warn or to_stderr)(note)
     return session
+
+
+def load_first(args: argparse.Namespace, config: Config, progress, warn: Warn):
+    """(the resolved spec, the loaded model): the stored chat's own model when --resume / --chat
+    has one here, else the flags' or the config's. If the chat's model fails to load, the usual
+    one does (and reopening the chat says which model it opened on)."""
+    if (own := stored_chat_model(args)) is not None:
+        try:
+            named = resolve(own, progress=progress)
+            return named, load_model(named.path, load_options(args))
+        except UserError as e:
+            warn(f"nanochat-tui: warning: the chat's model {own} did not load ({e}); loading the usual one")
+    named = resolve(args.model if args.model is not None else config.model, progress=progress)
+    return named, load_model(named.path, load_options(args))
+
+
+def stored_chat_model(args: argparse.Namespace) -> str | None:
+    """--resume / --chat ID: the model the chat was made with when it is here, which reopening the
+    chat switches to anyway (chatapp/keeper/chat_model.py). Loading it first spares a second
+    load: the flags' (or the config's) model, then the chat's. None: the usual model serves."""
+    asked, resume = getattr(args, "chat", None), getattr(args, "resume", False)
+    if getattr(args, "no_store", False) or (asked is None and not resume):
+        return None
+    try:
+        store = ChatStore(read_only=True)  # a peek: the keeper opens the store for real
+    except StoreError:
+        return None
+    try:
+        chat_id = asked if asked is not None else store.latest_id()
+        record = store.get(chat_id) if chat_id is not None else None
+    except StoreError:
+        return None
+    finally:
+        store.close()
+    want = recorded_model(record) if record is not None else None
+    return want if want is not None and available(want) else None
 
 
 def fitting(lm, warn: Warn) -> int | None:

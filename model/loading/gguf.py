@@ -128,7 +128,9 @@ def tensor_data(t, part: str, config: dict, cache: dict, layout: GGUFLayout) -> 
     if part == "dense":
         w = np.asarray(t.data)
         if kind not in DENSE_TYPES:   # a type without a kernel: the gguf package's exact values
-            w = file_blocks.gguf_quants.dequantize(w, t.tensor_type)
+            from gguf import quants  # lazy: only a conversion needs it, and it costs every start 0.1 s
+
+            w = quants.dequantize(w, t.tensor_type)
         w = (w.view(np.uint16) if kind == "BF16" else w.view(np.float16) if kind == "F16"
              else w.astype(np.float32, copy=False))   # a view of the file where it can be
         w = w.reshape(shape)
