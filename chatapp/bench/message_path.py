@@ -131,7 +131,7 @@ def tui_turn(argv: list[str]) -> tuple[str, Tracing]:
 
     async def run() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
-            await until(pilot, lambda: app.session is not None and not app.input.disabled)
+            await until(pilot, lambda: app.session is not None and app.loading.ready)
             await send(pilot, FIRST, trace=False)
             await send(pilot, SECOND, trace=True)
 

@@ -38,7 +38,7 @@ def tui_speeds(argv: list[str]) -> list[float]:
 
     async def run() -> list[float]:
         async with app.run_test(size=(120, 40)) as pilot:
-            while app.session is None or app.input.disabled:
+            while app.session is None or not app.loading.ready:
                 await pilot.pause(0.05)
             for n, prompt in enumerate(PROMPTS, 1):
                 await pilot.press(*prompt, "enter")
