@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import tiktoken
 from gguf import GGUFWriter
-from helpers import add_bpe_vocab, add_hparams, add_random_llama, close_gguf, llama_hparams, save_variant, trained_vocab
+from helpers import add_bpe_vocab, add_hparams, add_random_llama, close_gguf, llama_hparams, trained_vocab
 
 from model.errors import ModelLoadError
 from model.loading import load_model
+from model.tokenizers.bpe import tokenizer_from_json
 from model.tokenizers.safe_pickle import load_encoding
 
 IM_END = 2   # trained_vocab's specials come first: <|endoftext|>, <|im_start|>, <|im_end|>
@@ -38,14 +39,6 @@ def gguf_with(path: Path, rename: dict[int, str]) -> Path:
     return path
 
 
-def hf_folder_with(d: Path, edit) -> Path:
-    save_variant(d, "qwen2-tied")
-    data = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
-    edit(data)
-    (d / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
-    return d
-
-
 def refused_in_a_subprocess(model: Path, home: Path) -> str:
     """The app's own start-up on `model`; its one error line (a hang fails on the timeout)."""
     cmd = [sys.executable, "-m", "chatapp.cli", "--headless", "--model", str(model)]
@@ -62,10 +55,15 @@ def test_a_gguf_token_renamed_to_nothing_is_refused_at_load(tmp_path):
 
 
 def test_a_tokenizer_json_added_token_with_no_content_is_refused_at_load(tmp_path):
-    def empty(data):
-        data["added_tokens"][5]["content"] = ""
-    err = refused_in_a_subprocess(hf_folder_with(tmp_path / "hf", empty), tmp_path / "home")
-    assert "added token 5 is an empty string" in err
+    """The tokenizer alone, built and used in a subprocess (no torch: a second, not ten)."""
+    data = json.loads(trained_vocab().to_str())
+    data["added_tokens"][IM_END]["content"] = ""
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    code = ("import sys\nfrom model.tokenizers.bpe import tokenizer_from_json\n"
+            "tokenizer_from_json(sys.argv[1], {}).encode_rendered('hello')")
+    p = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, timeout=60)
+    assert p.returncode != 0 and f"{path}: added token {IM_END} is an empty string" in p.stderr.decode()
 
 
 def test_a_duplicate_gguf_token_is_refused_naming_both_ids(tmp_path):
@@ -75,10 +73,12 @@ def test_a_duplicate_gguf_token_is_refused_naming_both_ids(tmp_path):
 
 
 def test_an_added_token_repeating_another_is_refused_naming_both_ids(tmp_path):
-    def twice(data):
-        data["added_tokens"][5]["content"] = data["added_tokens"][2]["content"]
-    with pytest.raises(ModelLoadError, match=r"tokens 2 and 5 are the same string '<\|im_end\|>'"):
-        load_model(str(hf_folder_with(tmp_path, twice)))
+    data = json.loads(trained_vocab().to_str())
+    data["added_tokens"][IM_END]["content"] = "<|im_start|>"   # id 1's: one of the two was unreachable
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ModelLoadError, match=r"tokens 1 and 2 are the same string '<\|im_start\|>'"):
+        tokenizer_from_json(path, {})
 
 
 def test_a_nanochat_split_pattern_that_backtracks_is_refused_at_load(tmp_path):
