@@ -108,7 +108,8 @@ class Worker:
         if ledger := os.environ.get("NANOCHAT_FUZZ_LEDGER"):  # a long run's tally, kept as it goes
             with open(ledger, "a") as f:
                 f.write(json.dumps({"kind": req["kind"], "outcome": ans["outcome"], "peak_kb": ans["peak_kb"],
-                                    "wall_s": round(time.monotonic() - t0, 3), "detail": ans["detail"][:300]}) + "\n")
+                                    "wall_s": round(time.monotonic() - t0, 3), "detail": ans["detail"][:300],
+                                    **({} if ans["outcome"] in ("ok", "error") else {"req": req})}) + "\n")
         return ans
 
     def close(self) -> None:
