@@ -95,6 +95,8 @@ class Worker:
                 break
             if self.cpu_s() - start > TIME_LIMIT_S or time.monotonic() - t0 > WALL_LIMIT_S:
                 break
+        if ans["outcome"] in ("hang", "died") and self.p.poll() is not None:  # it ended: say how, not "hang"
+            ans = {**ans, "outcome": "died", "detail": f"the worker exited with status {self.p.returncode}"}
         if ans["outcome"] in ("hang", "died"):
             if self.p.poll() is None:  # where it spun, on its stderr (faulthandler in the worker)
                 os.kill(self.p.pid, signal.SIGUSR1)
