@@ -230,6 +230,26 @@ async def test_the_input_box_takes_a_message_while_the_model_loads_and_sends_it_
         gate.set()
 
 
+async def test_a_message_waiting_for_a_model_that_fails_goes_back_to_the_box():
+    gate = threading.Event()
+    app = make_app("--model", "random:nope", opener=gated_opener(gate))
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            await pilot.press(*"hello there", "enter")
+            await pilot.pause()
+            assert app.loading.queued == "hello there"
+            gate.set()
+            await until(pilot, lambda: app.loading.failed, what="the load to fail")
+            await pilot.pause()
+            assert app.input.text == "hello there" and app.loading.queued is None
+            assert not app.transcript.query(UserMessage)
+            [error] = notices(app, "error")
+            assert error.startswith("The model could not be loaded: unknown random preset 'nope'")
+    finally:
+        gate.set()
+
+
 async def test_esc_takes_back_a_waiting_message_and_ctrl_q_quits_during_the_load():
     gate = threading.Event()
     app = make_app(opener=gated_opener(gate))
