@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chatapp.chat.reply import EMPTY_FIRST_REPLY
 from chatapp.keeper.reopen import pairs
 from chatapp.store.database import ChatStore
 
@@ -144,6 +145,8 @@ class Ledger:
     def on_info(self, ev: dict) -> None:
         if "deleted" in ev["data"]:
             return  # said after the undo that deleted it (on_undo)
+        if ev["text"] == EMPTY_FIRST_REPLY:
+            return  # a random model may sample its end token first; the note changes nothing stored
         if not ev["text"].startswith("settings: "):
             self.problems.append(f"unexpected info {ev}")
             return

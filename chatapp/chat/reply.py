@@ -111,9 +111,9 @@ def write(s: SessionLike, trim_event: Trimmed | None = None) -> Iterator[Event]:
     st = stats(s, ex, prefill_tokens, cached_before, n, (t0, t_first or t_end, t_end), stop)
     st.reprefilled_tokens = trim_event.reprefilled_tokens if trim_event else 0
     s.turn_stats.append(st)
-    if n == 0 and stop == "end" and s.turns == 1:   # a new chat's first reply: said once, where it is rare
-        yield Info(EMPTY_FIRST_REPLY)
     yield st
+    if n == 0 and stop == "end" and s.turns == 1:   # a new chat's first reply: said once, where it is rare
+        yield Info(EMPTY_FIRST_REPLY)  # after the turn it is about, which is already committed
 
 
 def stats(s: SessionLike, ex: Exchange, prefill_tokens: int, cached_before: int, n: int,

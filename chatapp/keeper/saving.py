@@ -23,6 +23,7 @@ from safetensors import SafetensorError
 from chatapp.chat.attach import chat_title
 from chatapp.chat.events import CacheState, Error, Event, Info, Restored, Trimmed, TurnStats
 from chatapp.chat.memory import release_freed
+from chatapp.chat.reply import EMPTY_FIRST_REPLY
 from chatapp.chat.session import Session
 from chatapp.keeper.base import Keeper
 from chatapp.keeper.reopen import stored_messages
@@ -36,6 +37,8 @@ def reports_change(ev: Event) -> bool:
     """Events after which the chat on disk must already match memory. A retry's rewind is the
     start of a turn, not a change of its own: the store keeps the old reply until the new one."""
     match ev:
+        case Info(text=text) if text == EMPTY_FIRST_REPLY:  # a note on the turn just committed
+            return False
         case TurnStats() | Trimmed() | Info():  # Info: /set's change (a no-op commit for the rest)
             return True
         case CacheState(event=step):
