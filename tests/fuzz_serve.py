@@ -101,7 +101,9 @@ def ask_backend(which: str, body: bytes, ctx: dict) -> str:
     from chatapp.remote.session import RemoteSession
     from chatapp.remote.wire import RemoteError
 
-    hostile = ctx.setdefault("hostile", Hostile())
+    if "hostile" not in ctx:  # one for the worker's life (setdefault would start a server per input)
+        ctx["hostile"] = Hostile()
+    hostile = ctx["hostile"]
     hostile.models, hostile.chat = (body, b"") if which == "models" else (MODELS, body)
     client = OpenAIClient(hostile.url, timeout=3)
     try:
