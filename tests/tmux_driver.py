@@ -10,6 +10,7 @@ failed 3 of 3 there).
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -44,7 +45,12 @@ class Tmux:
             raise
 
     def _tmux(self, *args: str) -> str:
-        out = subprocess.run(["tmux", "-S", self.socket, *args], capture_output=True, text=True, timeout=DEADLINE)
+        # Without COLUMNS and LINES: an earlier App.run_test in this process leaves them in the
+        # environment, the server hands them to the app, and Textual takes them over the pane's
+        # size (the app drew 80x24 in a 120x40 window, and folded its panel).
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+        out = subprocess.run(["tmux", "-S", self.socket, *args], capture_output=True, text=True, timeout=DEADLINE,
+                             env=env)
         if out.returncode:
             raise RuntimeError(f"tmux {args[0]}: {out.stderr.strip()}")
         return out.stdout
